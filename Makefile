@@ -1,0 +1,16 @@
+# make demo: install, then the whole pipeline (data -> SFT -> RL -> held-out eval), ~10 min on 2 CPU cores
+# make test: install the test requirements, run the suite (~2 min)
+PYTHON ?= python
+PIP ?= $(PYTHON) -m pip
+
+.PHONY: demo test install install-test
+install:
+	$(PIP) install -q -r requirements.txt
+install-test:
+	$(PIP) install -q -r requirements-test.txt
+demo: install
+	$(PYTHON) -m data.tasks --task=mul
+	$(PYTHON) sft.py configs/mul.py
+	$(PYTHON) sample.py --ckpt=out/sft-mul/ckpt.pt --prompts_file=data/mul/test.txt > out/sft-mul/test_samples.txt
+test: install-test
+	$(PYTHON) -m pytest

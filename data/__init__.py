@@ -1,0 +1,1 @@
+"""Task data: generators and loaders (see data/tasks.py)."""

@@ -1,0 +1,167 @@
+"""
+Arithmetic tasks, generated in code and written as plain text files (seeded, quick).
+
+    python -m data.tasks --task=mul       # writes data/mul/{train,val,test}.txt, pairs and KTO labels
+
+Each line of a split file is one problem `a*b=c`, answer in normal digit order. Problems are split
+train/val/test **by unordered operand pair**: {23, 47} puts `23*47` and `47*23` in the same split,
+so no held-out problem (nor its mirror) is ever trained on. The split depends only on the data
+seed, never on a training seed. Tune on `val`, report `test`.
+
+The model may write the answer least-significant digit first (`reverse=True`: `23*47=1801`), which
+small transformers learn much faster; that is an encoding detail (`format_answer`/`parse_answer`),
+files and everything a person sees stay in normal order.
+
+Preference data (SPEC §2), JSONL:
+  pairs_<split>.jsonl  {"prompt", "chosen", "rejected", "kind"}  chosen = the right answer,
+                       rejected = a plausible wrong one of a fixed mix of kinds (WRONG_KINDS)
+  kto_<split>.jsonl    {"prompt", "completion", "label"}          label true = desirable
+"""
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+DATA_DIR = Path(__file__).resolve().parent
+ALPHABET = "0123456789+*=-"  # the char tokenizer's alphabet, shared by every arithmetic task
+TASKS = {  # name -> operator, operand range (inclusive), max number of unordered pairs
+    "mul": dict(op="*", lo=10, hi=99, max_pairs=None),  # 2-digit x 2-digit: all 4,095 pairs
+    "add": dict(op="+", lo=100, hi=999, max_pairs=20000),  # 3-digit + 3-digit: a seeded subset
+}
+SPLITS = {"train": 0.7, "val": 0.1, "test": 0.2}
+DATA_SEED = 1337
+WRONG_KINDS = ["last_digit", "carry", "swap", "neighbour", "length"]
+
+
+class DataError(ValueError):
+    pass
+
+
+def compute(op, a, b):
+    return a * b if op == "*" else a + b
+
+
+def format_answer(answer, reverse):
+    """Normal-order answer -> the digits the model writes."""
+    return answer[::-1] if reverse else answer
+
+
+def parse_answer(text, reverse):
+    """What the model wrote -> normal order (for people and the verifier)."""
+    return text[::-1] if reverse else text
+
+
+def split_pairs(task, seed=DATA_SEED):
+    """{split: [(a, b), ...]} of unordered operand pairs (a <= b), disjoint across splits."""
+    t = TASKS[task]
+    rng = random.Random(seed)
+    n = t["hi"] - t["lo"] + 1
+    if t["max_pairs"] is None:
+        pairs = [(a, b) for a in range(t["lo"], t["hi"] + 1) for b in range(a, t["hi"] + 1)]
+    else:
+        seen = set()
+        while len(seen) < min(t["max_pairs"], n * (n + 1) // 2):
+            a, b = sorted((rng.randint(t["lo"], t["hi"]), rng.randint(t["lo"], t["hi"])))
+            seen.add((a, b))
+        pairs = sorted(seen)
+    rng.shuffle(pairs)
+    n_val, n_test = int(SPLITS["val"] * len(pairs)), int(SPLITS["test"] * len(pairs))
+    return {"val": pairs[:n_val], "test": pairs[n_val:n_val + n_test], "train": pairs[n_val + n_test:]}
+
+
+def problems_of(pairs, op):
+    """Both orders of every pair: [(prompt, answer)], e.g. ("23*47=", "1081")."""
+    out = []
+    for a, b in pairs:
+        for x, y in ((a, b), (b, a)) if a != b else ((a, b),):
+            out.append((f"{x}{op}{y}=", str(compute(op, x, y))))
+    return out
+
+
+def wrong_answer(kind, a, b, op, rng):
+    """A plausible wrong answer (normal order, no leading zero) of one documented kind."""
+    ans = str(compute(op, a, b))
+    for _ in range(100):
+        d = list(ans)
+        if kind == "last_digit":  # last digit off by 1..3
+            d[-1] = str((int(d[-1]) + rng.choice([-3, -2, -1, 1, 2, 3])) % 10)
+        elif kind == "carry":  # a dropped or extra carry: one higher digit off by one
+            i = rng.randrange(0, max(1, len(d) - 1))
+            d[i] = str((int(d[i]) + rng.choice([-1, 1])) % 10)
+        elif kind == "swap":  # two adjacent digits swapped
+            i = rng.randrange(0, len(d) - 1) if len(d) > 1 else 0
+            d[i:i + 2] = d[i:i + 2][::-1]
+        elif kind == "neighbour":  # the result of a neighbouring problem
+            d = list(str(compute(op, a + rng.choice([-1, 1]), b)))
+        elif kind == "length":  # a digit dropped or repeated
+            i = rng.randrange(len(d))
+            d = d[:i] + d[i + 1:] if rng.random() < 0.5 and len(d) > 1 else d[:i] + [d[i]] + d[i:]
+        else:
+            raise DataError(f"unknown wrong-answer kind {kind!r}; valid: {WRONG_KINDS}")
+        w = "".join(d)
+        if w != ans and w and (w == "0" or w[0] != "0"):
+            return w
+    return str(int(ans) + 1)  # every kind failed (tiny answers): still plausible and wrong
+
+
+def _write(path, lines):
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(line + "\n" for line in lines))
+    os.replace(tmp, path)  # atomic: a half-written file never looks complete
+
+
+def ensure_data(task, data_dir=DATA_DIR, seed=DATA_SEED):
+    """Generate the task's files if they are missing; returns the task folder."""
+    if task not in TASKS:
+        raise DataError(f"unknown task {task!r}; valid: {sorted(TASKS)}")
+    root = Path(data_dir) / task
+    if (root / "done").exists():
+        return root
+    root.mkdir(parents=True, exist_ok=True)
+    print(f"generating data for task {task!r} in {root} ...", flush=True)
+    op, rng = TASKS[task]["op"], random.Random(seed + 1)
+    for split, pairs in split_pairs(task, seed).items():
+        probs = problems_of(pairs, op)
+        _write(root / f"{split}.txt", [p + a for p, a in probs])
+        pref, kto = [], []
+        for i, (prompt, ans) in enumerate(probs):
+            a, b = map(int, prompt[:-1].split(op))
+            kind = WRONG_KINDS[i % len(WRONG_KINDS)]  # an even, fixed mix of kinds
+            wrong = wrong_answer(kind, a, b, op, rng)
+            pref.append(json.dumps({"prompt": prompt, "chosen": ans, "rejected": wrong, "kind": kind}))
+            kto.append(json.dumps({"prompt": prompt, "completion": ans if i % 2 == 0 else wrong, "label": i % 2 == 0}))
+        _write(root / f"pairs_{split}.jsonl", pref)
+        _write(root / f"kto_{split}.jsonl", kto)
+        print(f"  {split}: {len(probs)} problems from {len(pairs)} operand pairs", flush=True)
+    (root / "done").write_text(f"seed={seed}\n")
+    return root
+
+
+def load_problems(path, alphabet=ALPHABET):
+    """Read `prompt=answer` lines -> [(prompt, answer)]. Tolerates a BOM, CRLF and blank lines;
+    anything else malformed is an error naming the file and line."""
+    out = []
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot read problems file ({e.__class__.__name__}: {e})") from None
+    for n, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line:
+            continue
+        bad = next((c for c in line if alphabet is not None and c not in alphabet), None)
+        if bad is not None:
+            raise DataError(f"{path}:{n}: character {bad!r} is not in the task alphabet {alphabet!r}")
+        if line.count("=") != 1:
+            raise DataError(f"{path}:{n}: expected one 'prompt=answer' problem per line, got {line!r}")
+        prompt, answer = line.split("=")
+        out.append((prompt + "=", answer))
+    if not out:
+        raise DataError(f"{path}: no problems in file")
+    return out
+
+
+if __name__ == "__main__":
+    task = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--task=")), "mul")
+    print(ensure_data(task))

@@ -1,0 +1,305 @@
+"""
+The GPT (nanoGPT-style, GPT-2 names), its KV cache, the batched sampler, and checkpoints.
+
+- `GPT.forward(idx)` returns logits for **every** position (B, T, V): RL needs each token's log-prob.
+  Prompts of different lengths are left-padded; `offsets` (B,) says how many pad tokens lead each
+  row, so positions restart at 0 on the first real token and pad keys are masked out.
+- `generate(...)` prefills a batch of prompts once, expands each prompt to G rows of the KV cache,
+  then decodes one token at a time (temperature / top-k / greedy, seeded `torch.Generator`,
+  per-row stop at EOS). It returns the ids, the response mask (sampled tokens up to and including
+  EOS) and the log-prob of each sampled token under the distribution it was drawn from.
+- An optional scalar head (`nn.Linear(n_embd, 1)`) on the last hidden state serves as value head
+  (PPO) or reward head (reward model).
+- `save_checkpoint` / `load_checkpoint`: one plain dict, atomic write, `weights_only=True` load.
+"""
+import math
+import os
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import tokenizer as tokenizers
+
+
+@dataclass
+class GPTConfig:
+    block_size: int = 32  # max sequence length (prompt + response)
+    vocab_size: int = 16
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    dropout: float = 0.0
+    bias: bool = True
+    scalar_head: bool = False  # value head (PPO) / reward head (reward model)
+
+
+class KVCache:
+    """Preallocated keys/values for every layer: (n_layer, B, n_head, max_len, head_dim)."""
+
+    def __init__(self, cfg, batch_size, max_len, device, dtype):
+        shape = (cfg.n_layer, batch_size, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.pos = 0  # number of positions already written
+
+    def update(self, layer, k, v):
+        T = k.size(2)
+        self.k[layer, :, :, self.pos:self.pos + T] = k
+        self.v[layer, :, :, self.pos:self.pos + T] = v
+        return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
+
+    def expand(self, G):
+        """Each row becomes G consecutive rows (one prefill per prompt, G samples from it)."""
+        self.k = self.k.repeat_interleave(G, dim=1)
+        self.v = self.v.repeat_interleave(G, dim=1)
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.c_attn = nn.Linear(cfg.n_embd, 3 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.n_head, self.dropout = cfg.n_head, cfg.dropout
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, mask, cache, layer):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
+        if cache is not None:
+            k, v = cache.update(layer, k, v)  # (B, nh, pos+T, hd)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
+        self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.n_embd, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, mask, cache, layer):
+        x = x + self.attn(self.ln_1(x), mask, cache, layer)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.config = cfg
+        self.transformer = nn.ModuleDict(dict(
+            wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
+            wpe=nn.Embedding(cfg.block_size, cfg.n_embd),
+            drop=nn.Dropout(cfg.dropout),
+            h=nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)]),
+            ln_f=nn.LayerNorm(cfg.n_embd, bias=cfg.bias),
+        ))
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.transformer.wte.weight = self.lm_head.weight  # tied embeddings
+        # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2*n_layer), zero biases
+        self.apply(self._init_weights)
+        for name, p in self.named_parameters():
+            if name.endswith("c_proj.weight"):
+                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        # scalar head (value / reward): std 1/sqrt(n_embd+1) as OpenAI's lm-human-preferences reward
+        # head, zero bias, so initial scores are O(1) and start unbiased
+        self.score_head = nn.Linear(cfg.n_embd, 1) if cfg.scalar_head else None
+        if self.score_head is not None:
+            nn.init.normal_(self.score_head.weight, std=1 / math.sqrt(cfg.n_embd + 1))
+            nn.init.zeros_(self.score_head.bias)
+
+    def _init_weights(self, m):
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+    def forward(self, idx, offsets=None, cache=None, return_scalar=False):
+        """idx (B, T) -> logits (B, T, V) [, scalar head (B, T)].
+        offsets (B,): left-pad count per row (None = no padding). cache: a KVCache to extend."""
+        B, T = idx.shape
+        start = cache.pos if cache is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"sequence of {start + T} tokens is longer than the context window "
+                             f"(block_size={self.config.block_size})")
+        q_abs = torch.arange(start, start + T, device=idx.device)  # (T,) absolute positions
+        padded = offsets is not None and bool(offsets.any())
+        if padded or (start > 0 and T > 1):
+            k_abs = torch.arange(start + T, device=idx.device)
+            off = offsets if offsets is not None else torch.zeros(B, dtype=torch.long, device=idx.device)
+            mask = (k_abs <= q_abs[:, None]) & (k_abs >= off[:, None, None])  # (B, T, L) causal, no pad keys
+            mask = mask | (k_abs == q_abs[:, None])  # a pad query sees itself: no all-masked row, no NaN
+            mask = mask[:, None]  # (B, 1, T, L)
+            pos = (q_abs - off[:, None]).clamp(min=0)  # (B, T) positions restart at each row's first token
+        else:
+            mask, pos = None, q_abs
+        x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
+        for i, block in enumerate(self.transformer.h):
+            x = block(x, mask, cache, i)
+        if cache is not None:
+            cache.pos += T
+        x = self.transformer.ln_f(x)
+        logits = self.lm_head(x)  # (B, T, V)
+        if return_scalar:
+            if self.score_head is None:
+                raise ValueError("this model has no scalar head (GPTConfig.scalar_head=False)")
+            return logits, self.score_head(x).squeeze(-1)  # (B, T)
+        return logits
+
+    def configure_optimizer(self, lr, weight_decay, betas):
+        """AdamW; weight decay only on matrices (dim >= 2), not on biases and LayerNorm gains."""
+        params = [p for p in self.parameters() if p.requires_grad]
+        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        return torch.optim.AdamW(groups, lr=lr, betas=betas)
+
+
+@torch.no_grad()
+def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.0, top_k=None,
+             generator=None, use_cache=True):
+    """Sample G responses for each prompt (a list of token-id lists).
+
+    Returns a dict with (N = len(prompts) * G, P = longest prompt, L = longest response):
+      ids            (N, P+L)  left-padded prompt, response, right padding with pad_id
+      response_mask  (N, P+L)  1 for every sampled token up to and including EOS, else 0
+      logps          (N, L)    log-prob of each sampled token under the sampling distribution
+                               (temperature, top-k); 0 where the mask is 0
+      offsets        (N,)      left-pad count per row, to pass to forward
+      prompt_len     P
+    Temperature 0 is greedy; its logps are those of the untempered softmax."""
+    was_training = model.training
+    model.eval()  # no dropout in rollouts (SPEC §9.5)
+    device = next(model.parameters()).device
+    B, P = len(prompts), max(len(p) for p in prompts)
+    if min(len(p) for p in prompts) == 0:
+        raise ValueError("empty prompt")
+    if P + max_new_tokens > model.config.block_size:
+        raise ValueError(f"prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds the context "
+                         f"window (block_size={model.config.block_size})")
+    seq = torch.full((B, P), pad_id, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        seq[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
+    seq = seq.to(device)  # (B, P)
+    offsets = torch.tensor([P - len(p) for p in prompts], device=device)  # (B,)
+    cache = KVCache(model.config, B, P + max_new_tokens, device, model.lm_head.weight.dtype) if use_cache else None
+    logits = model(seq, offsets, cache)[:, -1]  # (B, V) one prefill per prompt
+    seq, offsets, logits = (t.repeat_interleave(G, dim=0) for t in (seq, offsets, logits))
+    if cache is not None:
+        cache.expand(G)
+    N = B * G
+    out = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)  # (N, L)
+    logps = torch.zeros(N, max_new_tokens, device=device)  # (N, L)
+    rmask = torch.zeros(N, max_new_tokens, dtype=torch.long, device=device)  # (N, L)
+    done = torch.zeros(N, dtype=torch.bool, device=device)
+    L = max_new_tokens
+    for t in range(max_new_tokens):
+        logits = logits.float()
+        if temperature == 0:
+            logp_all = F.log_softmax(logits, dim=-1)
+            tok = logits.argmax(dim=-1)
+        else:
+            logits = logits / temperature
+            if top_k is not None and top_k < logits.size(-1):
+                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            logp_all = F.log_softmax(logits, dim=-1)
+            tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)
+        tok = torch.where(done, pad_id, tok)
+        out[:, t] = tok
+        rmask[:, t] = (~done).long()
+        logps[:, t] = torch.where(done, 0.0, logp_all.gather(1, tok[:, None]).squeeze(1))
+        done = done | (tok == eos_id)
+        if bool(done.all()) or t == max_new_tokens - 1:
+            L = t + 1
+            break
+        seq = torch.cat([seq, tok[:, None]], dim=1)
+        logits = (model(tok[:, None], offsets, cache) if cache is not None else model(seq, offsets))[:, -1]
+    model.train(was_training)
+    prompt_ids = seq[:, :P]
+    return dict(ids=torch.cat([prompt_ids, out[:, :L]], dim=1),
+                response_mask=torch.cat([torch.zeros_like(prompt_ids), rmask[:, :L]], dim=1),
+                logps=logps[:, :L], offsets=offsets, prompt_len=P)
+
+
+# ----------------------------------------------------------------------------- checkpoints
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def save_checkpoint(path, model, optimizer=None, config=None, step=0, tokenizer=None, **extra):
+    """One plain dict (tensors, numbers, strings, lists, dicts): loadable with weights_only=True.
+    Written to a temp file, fsynced, then renamed: a crash mid-write never leaves a broken ckpt."""
+    raw = getattr(model, "module", model)  # unwrap DDP
+    raw = getattr(raw, "_orig_mod", raw)  # unwrap torch.compile
+    ckpt = {"model": raw.state_dict(), "model_args": asdict(raw.config),
+            "optimizer": optimizer.state_dict() if optimizer is not None else None,
+            "config": dict(config or {}), "step": step,
+            "tokenizer": tokenizer.to_dict() if tokenizer is not None else None, **extra}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        torch.save(ckpt, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def load_checkpoint(path, hint="train one with: python sft.py configs/mul.py"):
+    """Load a checkpoint dict with weights_only=True; every failure is one clear CheckpointError."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path}: no such checkpoint ({hint})")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
+        raise CheckpointError(f"{path}: not a readable nanorl checkpoint (truncated, corrupt or not ours: "
+                              f"{e.__class__.__name__}: {msg})") from None
+    missing = [k for k in ("model", "model_args", "config", "step", "tokenizer") if not isinstance(ckpt, dict) or k not in ckpt]
+    if missing:
+        raise CheckpointError(f"{path}: not a nanorl checkpoint (missing {', '.join(missing)})")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt, path="checkpoint", scalar_head=None):
+    """Build (model, tokenizer) from a loaded checkpoint dict; scalar_head=True adds a fresh head
+    when the checkpoint has none (reward model / value head initialised from the SFT policy)."""
+    try:
+        cfg = GPTConfig(**ckpt["model_args"])
+        tok = tokenizers.from_dict(ckpt["tokenizer"])
+    except (TypeError, tokenizers.TokenizerError) as e:
+        raise CheckpointError(f"{path}: incompatible checkpoint ({e})") from None
+    if tok.vocab_size != cfg.vocab_size:
+        raise CheckpointError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model {cfg.vocab_size}")
+    has_head = cfg.scalar_head
+    if scalar_head is not None:
+        cfg.scalar_head = scalar_head
+    model = GPT(cfg)
+    state = ckpt["model"]
+    if scalar_head and not has_head:  # keep the fresh head
+        state = {**state, **{f"score_head.{k}": v for k, v in model.score_head.state_dict().items()}}
+    if scalar_head is False and has_head:
+        state = {k: v for k, v in state.items() if not k.startswith("score_head.")}
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise CheckpointError(f"{path}: weights do not fit the model it describes ({first})") from None
+    return model, tok

@@ -1,0 +1,344 @@
+"""
+Reinforcement learning from the SFT checkpoint with verifiable rewards, any loss of losses.LOSSES.
+
+    python rl.py --loss=grpo          # or dapo, dr_grpo, gspo, sapo, cispo, gapo, pnpo, cliff, reinforce, rloo
+    python rl.py --loss=dapo --lr=1e-4 --group_size=8 --max_iters=50
+
+One step: pick train prompts -> G samples each with the KV-cache sampler -> binary exact-match
+rewards (verify.py) -> advantages (the loss's kind) -> reference log-probs (only when a KL term
+needs them, or at eval steps for the logged KL) -> `ppo_epochs` x `minibatches` clipped updates.
+The sampler's log-probs are the old log-probs (same tempered distribution, dropout off), so nothing
+is recomputed; `rl/logp_mismatch` checks that the trainer agrees at the first update.
+Held-out eval (test greedy accuracy, pass@1, pass@8; val accuracy picks best.pt) at step 0, every
+`eval_interval` and at the end. Writes out_dir/{ckpt.pt,best.pt,metrics.jsonl}.
+"""
+import copy
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+
+import losses as L
+from common import Logger, UserError, evaluate, print_config, run_cli
+from data.tasks import ensure_data, format_answer, load_problems
+from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
+from verify import exact_answer, first_wrong_token, overlong_penalty
+
+# Rollout-side parts of an algorithm (the loss-side defaults live in losses.DEFAULTS).
+SAMPLING_DEFAULTS = {"dapo": dict(dynamic_sampling=True, overlong_window=2)}  # DAPO: Yu et al. 2025
+
+
+@dataclass
+class Config:
+    loss: str = "grpo"  # a name in losses.LOSSES
+    sft_ckpt: str = "out/sft-mul/ckpt.pt"
+    out_dir: str = ""  # "" = out/rl-<loss>
+    seed: int = 1337
+    max_iters: int = 200
+    eval_interval: int = 25
+    # rollouts
+    prompts_per_step: int = 64
+    group_size: int = 16  # G samples per prompt
+    temperature: float = 1.0  # sampling temperature; the loss sees the same tempered distribution
+    max_new_tokens: int = 8
+    dynamic_sampling: Optional[bool] = None  # drop all-equal groups, refill; None = the loss's default
+    max_refills: int = 4  # extra rollout rounds per step to refill dropped groups
+    overlong_window: Optional[int] = None  # DAPO overlong shaping window in tokens, 0 = off; None = default
+    prompt_selection: bool = True  # skip prompts whose group was all-right or all-wrong last epoch
+    # optimisation
+    lr: float = 2e-4
+    warmup_iters: int = 10
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    ppo_epochs: int = 1
+    minibatches: int = 1  # optimizer steps per epoch
+    # loss hyperparameters: None = the loss's own default (losses.DEFAULTS), printed and logged
+    beta: Optional[float] = None
+    eps_low: Optional[float] = None
+    eps_high: Optional[float] = None
+    kl_estimator: Optional[str] = None
+    # eval / io
+    eval_samples: int = 8  # samples per test problem for pass@1 / pass@8
+    threads: int = 0
+    wandb: bool = False
+    wandb_project: str = "nanorl"
+    wandb_run_name: str = ""
+
+
+def check_config(cfg):
+    """Reject bad values before any work starts."""
+    if cfg.loss not in L.LOSSES:
+        raise UserError(f"unknown loss {cfg.loss!r}; valid: {', '.join(sorted(L.LOSSES))}")
+    if cfg.lr <= 0 or cfg.max_iters < 0 or cfg.max_new_tokens < 1 or cfg.prompts_per_step < 1:
+        raise UserError("lr must be > 0, max_iters >= 0, max_new_tokens >= 1, prompts_per_step >= 1")
+    if cfg.group_size < 2:
+        raise UserError(f"group_size must be >= 2 for group-relative advantages, got {cfg.group_size}")
+    if cfg.temperature <= 0:
+        raise UserError(f"temperature must be > 0 for sampled rollouts, got {cfg.temperature}")
+    for k in ("eps_low", "eps_high", "beta"):
+        if getattr(cfg, k) is not None and getattr(cfg, k) < 0:
+            raise UserError(f"{k} must be >= 0, got {getattr(cfg, k)}")
+
+
+def sampling_option(cfg, key):
+    val = getattr(cfg, key)
+    return val if val is not None else SAMPLING_DEFAULTS.get(cfg.loss, {}).get(key, {"dynamic_sampling": False, "overlong_window": 0}[key])
+
+
+class PromptSampler:
+    """Epochs over the train prompts in a seeded order. With selection on, a prompt whose group was
+    all-correct or all-wrong at its last visit is skipped once (and forgotten, so it comes back)."""
+
+    def __init__(self, n, gen, selection):
+        self.n, self.gen, self.selection = n, gen, selection
+        self.order, self.pos, self.saturated = [], 0, set()
+
+    def take(self, k):
+        out = []
+        while len(out) < k:
+            if self.pos >= len(self.order):
+                self.order, self.pos = torch.randperm(self.n, generator=self.gen).tolist(), 0
+            i = self.order[self.pos]
+            self.pos += 1
+            if self.selection and i in self.saturated:
+                self.saturated.discard(i)
+                continue
+            out.append(i)
+        return out
+
+    def record(self, idx, group_rewards):
+        for i, r in zip(idx, group_rewards.tolist()):
+            if min(r) == max(r):
+                self.saturated.add(i)
+
+
+def rollout(model, tok, problems, idx, cfg, gen, reverse):
+    """G samples for each problem in idx -> dict of tensors, rewards and per-row facts."""
+    prompts = [tok.encode(problems[i][0]) for i in idx]
+    out = generate(model, prompts, cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=cfg.group_size,
+                   temperature=cfg.temperature, generator=gen)
+    P, window = out["prompt_len"], sampling_option(cfg, "overlong_window")
+    correct, reward, first_wrong, lengths, finished = [], [], [], [], []
+    for row, (ids, m) in enumerate(zip(out["ids"][:, P:].tolist(), out["response_mask"][:, P:].tolist())):
+        gold = problems[idx[row // cfg.group_size]][1]
+        ids = ids[:sum(m)]
+        done = len(ids) > 0 and ids[-1] == tok.eos_id
+        c = exact_answer(tok.decode(ids), gold, reverse=reverse) if done else 0.0  # truncated -> 0
+        correct.append(c)
+        reward.append(c + (overlong_penalty(len(ids), cfg.max_new_tokens, window) if window > 0 else 0.0))
+        fw = first_wrong_token(ids, tok.encode(format_answer(gold, reverse)) + [tok.eos_id])
+        first_wrong.append(-1 if fw is None else fw)
+        lengths.append(len(ids))
+        finished.append(done)
+    out.update(correct=torch.tensor(correct), reward=torch.tensor(reward), first_wrong=torch.tensor(first_wrong),
+               length=torch.tensor(lengths, dtype=torch.float), finished=torch.tensor(finished))
+    return out
+
+
+def cat_rollouts(parts):
+    """Concatenate rollouts whose prompts may differ in padded length (left-pad to the longest)."""
+    if len(parts) == 1:
+        return parts[0]
+    P = max(p["prompt_len"] for p in parts)
+    Lr = max(p["ids"].size(1) - p["prompt_len"] for p in parts)
+    ids, rmask, logps, offsets = [], [], [], []
+    for p in parts:
+        left, right = P - p["prompt_len"], Lr - (p["ids"].size(1) - p["prompt_len"])
+        ids.append(torch.nn.functional.pad(p["ids"], (left, right), value=0))
+        rmask.append(torch.nn.functional.pad(p["response_mask"], (left, right)))
+        logps.append(torch.nn.functional.pad(p["logps"], (0, right)))
+        offsets.append(p["offsets"] + left)
+    out = {k: torch.cat([p[k] for p in parts]) for k in ("correct", "reward", "first_wrong", "length", "finished")}
+    out.update(ids=torch.cat(ids), response_mask=torch.cat(rmask), logps=torch.cat(logps),
+               offsets=torch.cat(offsets), prompt_len=P)
+    return out
+
+
+def select_groups(out, keep, G):
+    """Keep whole groups (bool (n_groups,)) of a rollout dict."""
+    rows = keep.repeat_interleave(G)
+    return {k: (v[rows] if torch.is_tensor(v) and v.dim() > 0 else v) for k, v in out.items()}
+
+
+def advantages(cfg, batch, hp, ref_logp):
+    """(N,) or (N, L) advantages for the loss, plus extra keyword inputs some losses need."""
+    G = cfg.group_size
+    R = batch["reward"]  # (N,)
+    if cfg.loss in ("reinforce", "rloo") and hp["beta"] > 0:  # KL in the reward: R - beta * sum_t k1
+        mask = batch["response_mask"][:, batch["prompt_len"]:]
+        R = L.kl_in_reward(R, batch["logps"], ref_logp, mask, hp["beta"]).sum(1)
+    R = R.view(-1, G)  # (n_groups, G)
+    extra = {}
+    if cfg.loss == "cliff":
+        mask = batch["response_mask"][:, batch["prompt_len"]:].view(R.size(0), G, -1)
+        adv = L.cliff_advantages(R, batch["first_wrong"].view(-1, G), mask).flatten(0, 1)  # (N, L)
+    else:
+        adv = L.group_advantages(R, L.ADVANTAGE_KIND.get(cfg.loss, "std")).flatten()  # (N,)
+    if cfg.loss == "gapo":
+        extra = dict(group_correct=batch["correct"].view(-1, G).sum(1).repeat_interleave(G), group_size=G)
+    return adv, extra
+
+
+def policy_logps(model, ids, offsets, full_mask, P, temperature):
+    """Trainer-side log-probs of the response tokens (N, L), and the logits at those positions."""
+    logits = model(ids, offsets)
+    lp, _ = L.response_logps(logits, ids, full_mask, temperature=temperature)
+    return lp[:, P - 1:], logits[:, P - 1:-1]
+
+
+def main(cfg):
+    check_config(cfg)
+    out_dir = cfg.out_dir or f"out/rl-{cfg.loss}"
+    ckpt = load_checkpoint(cfg.sft_ckpt, hint="make one with: python sft.py configs/mul.py")
+    model, tok = model_from_checkpoint(ckpt, cfg.sft_ckpt)
+    task, reverse = ckpt["config"].get("task", "mul"), ckpt["config"].get("reverse", False)
+    hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k) for k in ("beta", "eps_low", "eps_high", "kl_estimator")},
+                           **({"max_new_tokens": cfg.max_new_tokens} if "max_new_tokens" in L.DEFAULTS[cfg.loss] else {}))
+    dyn, window = sampling_option(cfg, "dynamic_sampling"), sampling_option(cfg, "overlong_window")
+    if cfg.loss in ("cliff", "gapo") and window > 0:
+        raise UserError(f"{cfg.loss} needs binary rewards: overlong shaping must be off (--overlong_window=0)")
+    print_config(cfg)
+    print(f"resolved: loss={cfg.loss} {hp} dynamic_sampling={dyn} overlong_window={window} out_dir={out_dir}", flush=True)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    root = ensure_data(task)
+    train, val, test = (load_problems(root / f"{s}.txt") for s in ("train", "val", "test"))
+    if len(tok.encode(train[0][0])) + cfg.max_new_tokens > model.config.block_size:
+        raise UserError(f"max_new_tokens={cfg.max_new_tokens} does not fit block_size={model.config.block_size}")
+
+    ref = copy.deepcopy(model).eval().requires_grad_(False)  # frozen reference, never updated
+    model.eval()  # dropout off for every log-prob (SPEC §9.5); there is no other train-mode layer
+    opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99))
+    gen = torch.Generator().manual_seed(cfg.seed)  # rollouts
+    eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    prompts = PromptSampler(len(train), torch.Generator().manual_seed(cfg.seed + 2), cfg.prompt_selection)
+    logger = Logger(out_dir, cfg)
+    logger.log({"step": 0, **{f"hparams/{k}": v for k, v in hp.items() if v is not None},
+                "hparams/dynamic_sampling": dyn, "hparams/overlong_window": window})
+    ckpt_path, best, t_start = os.path.join(out_dir, "ckpt.pt"), -1.0, time.time()
+
+    def save(name, step):
+        save_checkpoint(os.path.join(out_dir, name), model, opt, {**asdict(cfg), "task": task, "reverse": reverse},
+                        step, tok, best_val=best, hparams={k: v for k, v in hp.items() if v is not None})
+
+    def run_eval(step):
+        nonlocal best
+        m, examples = evaluate(model, tok, test, reverse, cfg.max_new_tokens, n_samples=cfg.eval_samples,
+                               temperature=cfg.temperature, generator=eval_gen)
+        m.update(evaluate(model, tok, val, reverse, cfg.max_new_tokens, prefix="val")[0])
+        m["eval/kl"] = eval_kl(model, ref, tok, test, cfg, eval_gen)
+        if m["val/accuracy"] > best:
+            best = m["val/accuracy"]
+            save("best.pt", step)
+        save("ckpt.pt", step)
+        logger.log({"step": step, **m, "eval/examples": examples})
+        print(f"step {step:4d} | eval test acc {m['eval/accuracy']:.4f} pass@1 {m['eval/pass@1']:.4f} "
+              f"pass@8 {m['eval/pass@8']:.4f} val {m['val/accuracy']:.4f} kl {m['eval/kl']:.4f} "
+              f"| {time.time() - t_start:.0f}s", flush=True)
+        return m
+
+    m = run_eval(0)
+    for step in range(cfg.max_iters):
+        # ---- rollouts: P prompts x G samples, dynamic sampling refills dropped groups
+        t0 = time.time()
+        parts, n_groups, n_sampled, n_zero_std = [], 0, 0, 0
+        for _ in range(1 + (cfg.max_refills if dyn else 0)):
+            idx = prompts.take(cfg.prompts_per_step - n_groups)
+            out = rollout(model, tok, train, idx, cfg, gen, reverse)
+            R = out["reward"].view(-1, cfg.group_size)
+            prompts.record(idx, out["correct"].view(-1, cfg.group_size))
+            zero_std = R.max(1).values == R.min(1).values  # (groups,) all-equal rewards
+            n_sampled, n_zero_std = n_sampled + len(idx), n_zero_std + int(zero_std.sum())
+            if dyn:
+                out = select_groups(out, ~zero_std, cfg.group_size)
+            if out["ids"].size(0):
+                parts.append(out)
+                n_groups += out["ids"].size(0) // cfg.group_size
+            if not dyn or n_groups >= cfg.prompts_per_step:
+                break
+        t_roll = time.time() - t0
+        stats = {"rl/zero_std_frac": n_zero_std / n_sampled, "rl/n_groups": n_groups}
+        if not parts:  # every group all-equal: nothing to learn from this step, and no NaN
+            print(f"step {step}: every sampled group had equal rewards; no update", flush=True)
+            logger.log({"step": step + 1, **stats})
+            continue
+        batch = cat_rollouts(parts)
+        ids, offsets, full_mask, P = batch["ids"], batch["offsets"], batch["response_mask"], batch["prompt_len"]
+        mask = full_mask[:, P:].float()  # (N, L) response tokens incl. EOS
+        old_logp = batch["logps"]  # (N, L) sampler log-probs = old policy, nothing recomputed
+        ref_logp = None
+        if hp.get("beta"):  # the reference runs only when the loss has a KL term (SPEC §9.7)
+            with torch.no_grad():
+                ref_logp, _ = policy_logps(ref, ids, offsets, full_mask, P, cfg.temperature)
+        adv, extra = advantages(cfg, batch, hp, ref_logp)
+
+        # ---- updates: ppo_epochs x minibatches; each optimizer step normalises by its own batch
+        N = ids.size(0)
+        lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_iters))
+        for g in opt.param_groups:
+            g["lr"] = lr
+        for epoch in range(cfg.ppo_epochs):
+            perm = torch.randperm(N, generator=gen) if cfg.minibatches > 1 else torch.arange(N)
+            for mb in perm.chunk(cfg.minibatches):
+                lp, logits = policy_logps(model, ids[mb], offsets[mb], full_mask[mb], P, cfg.temperature)
+                if "rl/logp_mismatch" not in stats:  # first update of a fresh rollout: ratio must be 1
+                    stats["rl/logp_mismatch"] = (lp.detach() - old_logp[mb]).abs().max().item()  # both 0 off the mask
+                    with torch.no_grad():
+                        stats["rl/entropy"] = L.masked_mean(L.token_entropy(logits, cfg.temperature), mask[mb]).item()
+                kw = {k: (v[mb] if torch.is_tensor(v) else v) for k, v in extra.items()}
+                loss, st = L.LOSSES[cfg.loss](lp, old_logp[mb], adv[mb], mask[mb],
+                                              ref_logp[mb] if ref_logp is not None else None, **hp, **kw)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                bad = nonfinite(loss, model)
+                if bad:
+                    raise UserError(f"step {step + 1}: non-finite {bad}; stopped, last good checkpoint kept at {ckpt_path}")
+                gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                opt.step()
+        t_step = time.time() - t0
+        stats.update({f"rl/{k}": float(v) for k, v in st.items()})
+        stats.update({"rl/loss": loss.item(), "rl/grad_norm": gnorm.item(), "rl/lr": lr,
+                      "rl/reward_mean": batch["reward"].mean().item(), "rl/accuracy": batch["correct"].mean().item(),
+                      "rl/resp_len": batch["length"].mean().item(),
+                      "rl/truncated_frac": 1 - batch["finished"].float().mean().item(),
+                      "rl/empty_frac": (batch["length"] <= 1).float().mean().item(),
+                      "perf/rollout_s": t_roll, "perf/step_s": t_step,
+                      "perf/rollout_tok_s": mask.sum().item() / max(t_roll, 1e-9)})
+        logger.log({"step": step + 1, **stats})
+        print(f"step {step + 1:4d}/{cfg.max_iters} | reward {stats['rl/reward_mean']:.3f} acc {stats['rl/accuracy']:.3f} "
+              f"groups {n_groups} zero_std {stats['rl/zero_std_frac']:.2f} ent {stats['rl/entropy']:.3f} "
+              f"len {stats['rl/resp_len']:.2f} mismatch {stats['rl/logp_mismatch']:.1e} | {t_step:.2f}s "
+              f"(rollout {t_roll:.2f}s) | {time.time() - t_start:.0f}s", flush=True)
+        if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters:
+            m = run_eval(step + 1)
+    logger.finish()
+    return m
+
+
+@torch.no_grad()
+def eval_kl(model, ref, tok, problems, cfg, gen, n=256):
+    """KL(policy || ref) on fresh policy samples for n test prompts (k3, mean over response tokens);
+    logged at every eval for every loss, also when beta is 0."""
+    idx = torch.randperm(len(problems), generator=gen)[:n].tolist()
+    out = generate(model, [tok.encode(problems[i][0]) for i in idx], cfg.max_new_tokens, tok.eos_id, tok.pad_id,
+                   G=4, temperature=cfg.temperature, generator=gen)
+    P, mask = out["prompt_len"], out["response_mask"][:, out["prompt_len"]:].float()
+    ref_lp, _ = policy_logps(ref, out["ids"], out["offsets"], out["response_mask"], P, cfg.temperature)
+    return L.masked_mean(L.kl_estimate(out["logps"], ref_lp, "k3"), mask).item()
+
+
+def nonfinite(loss, model):
+    """Name of the first non-finite tensor (the loss, then gradients in parameter order), or ''."""
+    if not torch.isfinite(loss):
+        return f"loss ({loss.item()})"
+    for name, p in model.named_parameters():
+        if p.grad is not None and not torch.isfinite(p.grad).all():
+            return f"gradient of {name}"
+    return ""
+
+
+if __name__ == "__main__":
+    run_cli(main, Config)

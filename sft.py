@@ -1,0 +1,202 @@
+"""
+Supervised fine-tuning (here: training from scratch) of the GPT on an arithmetic task.
+
+    python sft.py configs/mul.py                 # ~4 min on a 2-core CPU -> out/sft-mul/ckpt.pt
+    python sft.py configs/mul.py --lr=3e-4 --max_iters=500 --out_dir=out/try
+
+Loss on the response tokens (answer + EOS) by default, `--loss_on=all` for every token. AdamW with
+linear warmup and cosine decay. Evaluates at step 0, every `eval_interval` and at the end: greedy
+exact-match accuracy on val (`val/accuracy`, used for `best.pt` and `target_val_accuracy`) and on
+test (`eval/accuracy`, `eval/n`, sampled `eval/pass@1`, `eval/pass@8`). Writes out_dir/ckpt.pt,
+out_dir/best.pt and out_dir/metrics.jsonl; `--resume=true` continues from out_dir/ckpt.pt.
+"""
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from common import Logger, UserError, evaluate, print_config, run_cli
+from data.tasks import ALPHABET, TASKS, ensure_data, format_answer, load_problems
+from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
+from tokenizer import CharTokenizer
+
+
+@dataclass
+class Config:
+    task: str = "mul"  # a name in data.tasks.TASKS
+    reverse: bool = True  # write answers least-significant digit first (learned much faster)
+    out_dir: str = "out/sft-mul"
+    seed: int = 1337
+    # model
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 32
+    dropout: float = 0.0
+    # optimisation
+    batch_size: int = 256
+    lr: float = 1e-3
+    min_lr: float = 1e-4  # end of the cosine decay
+    warmup_iters: int = 100
+    max_iters: int = 3000
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.99
+    grad_clip: float = 1.0  # 0 = off
+    loss_on: str = "response"  # "response" (answer + EOS) or "all" tokens
+    # evaluation
+    eval_interval: int = 250
+    eval_samples: int = 8  # samples per test problem for pass@1 / pass@8 (0 = greedy only)
+    eval_temperature: float = 1.0  # the RL sampling temperature
+    max_new_tokens: int = 8
+    target_val_accuracy: Optional[float] = None  # stop once val accuracy reaches this
+    # io
+    log_interval: int = 50
+    resume: bool = False
+    threads: int = 0  # torch threads, 0 = torch's default
+    wandb: bool = False
+    wandb_project: str = "nanorl"
+    wandb_run_name: str = ""
+
+
+def lr_at(it, cfg):
+    """Linear warmup, then cosine decay from lr to min_lr at max_iters."""
+    if it < cfg.warmup_iters:
+        return cfg.lr * (it + 1) / cfg.warmup_iters
+    frac = min(1.0, (it - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters))
+    return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * frac)) * (cfg.lr - cfg.min_lr)
+
+
+def encode_split(tok, problems, reverse, block_size, loss_on):
+    """Tokenise [(prompt, answer)] -> x, y (N, T) and the loss mask on the targets (N, T)."""
+    rows = [(tok.encode(p), tok.encode(format_answer(a, reverse)) + [tok.eos_id]) for p, a in problems]
+    T = max(len(p) + len(r) for p, r in rows) - 1
+    if T + 1 > block_size:
+        raise UserError(f"problems of {T + 1} tokens do not fit block_size={block_size}")
+    x = torch.full((len(rows), T), tok.pad_id, dtype=torch.long)
+    y = torch.full((len(rows), T), tok.pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), T)
+    for i, (p, r) in enumerate(rows):
+        seq = p + r
+        x[i, :len(seq) - 1] = torch.tensor(seq[:-1])
+        y[i, :len(seq) - 1] = torch.tensor(seq[1:])
+        start = len(p) - 1 if loss_on == "response" else 0  # target index of the first answer token
+        mask[i, start:len(seq) - 1] = 1.0  # EOS is a target: stopping gets a gradient
+    return x, y, mask
+
+
+def main(cfg):
+    if cfg.loss_on not in ("response", "all"):
+        raise UserError(f"loss_on must be 'response' or 'all', got {cfg.loss_on!r}")
+    if cfg.task not in TASKS:
+        raise UserError(f"unknown task {cfg.task!r}; valid: {sorted(TASKS)}")
+    print_config(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    root = ensure_data(cfg.task)
+    train, val, test = (load_problems(root / f"{s}.txt") for s in ("train", "val", "test"))
+    tok = CharTokenizer(ALPHABET)
+    x, y, lmask = encode_split(tok, train, cfg.reverse, cfg.block_size, cfg.loss_on)
+    print(f"{cfg.task}: {len(train)} train / {len(val)} val / {len(test)} test problems", flush=True)
+
+    model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=tok.vocab_size, n_layer=cfg.n_layer,
+                          n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout))
+    opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
+    gen = torch.Generator().manual_seed(cfg.seed)  # batch order
+    eval_gen = torch.Generator().manual_seed(cfg.seed + 1)  # pass@k samples
+    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
+    step, best, resumed_at = 0, -1.0, None
+    if cfg.resume:
+        ckpt = load_checkpoint(ckpt_path, hint="nothing to resume; drop --resume")
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        step, best = ckpt["step"], ckpt.get("best_val", -1.0)
+        resumed_at = step  # its eval is already logged
+        gen.set_state(ckpt["rng"]["batch"])
+        eval_gen.set_state(ckpt["rng"]["eval"])
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        truncate_metrics(os.path.join(cfg.out_dir, "metrics.jsonl"), step)
+        print(f"resumed from {ckpt_path} at step {step}", flush=True)
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
+    logger = Logger(cfg.out_dir, cfg)
+
+    def run_eval():
+        model.eval()
+        m, _ = evaluate(model, tok, val, cfg.reverse, cfg.max_new_tokens, prefix="val")
+        mt, examples = evaluate(model, tok, test, cfg.reverse, cfg.max_new_tokens, n_samples=cfg.eval_samples,
+                                temperature=cfg.eval_temperature, generator=eval_gen)
+        model.train()
+        m.update(mt)
+        logger.log({"step": step, **m, "eval/examples": examples})
+        print(f"step {step:5d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if not k.endswith("/n")), flush=True)
+        return m["val/accuracy"]
+
+    def save(name, **extra):
+        rng = {"batch": gen.get_state(), "eval": eval_gen.get_state(), "torch": torch.get_rng_state()}
+        save_checkpoint(os.path.join(cfg.out_dir, name), model, opt, asdict(cfg), step, tok, rng=rng,
+                        best_val=best, **extra)
+
+    t0 = time.time()
+    model.train()
+    while True:
+        last = step >= cfg.max_iters
+        if (step % cfg.eval_interval == 0 or last) and step != resumed_at:
+            acc = run_eval()
+            if acc > best:
+                best = acc
+                save("best.pt")
+            save("ckpt.pt")
+            if cfg.target_val_accuracy is not None and acc >= cfg.target_val_accuracy:
+                print(f"val accuracy {acc:.4f} >= target_val_accuracy {cfg.target_val_accuracy}: stopping", flush=True)
+                break
+        if last:
+            break
+        lr = lr_at(step, cfg)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        idx = torch.randint(len(x), (cfg.batch_size,), generator=gen)
+        logits = model(x[idx])
+        nll = F.cross_entropy(logits.flatten(0, 1).float(), y[idx].flatten(), reduction="none")
+        loss = (nll * lmask[idx].flatten()).sum() / lmask[idx].sum()  # mean over target tokens
+        if not torch.isfinite(loss):
+            raise UserError(f"non-finite loss {loss.item()} at step {step}; last good checkpoint kept at {ckpt_path}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+        opt.step()
+        step += 1
+        if step % cfg.log_interval == 0 or step == 1:
+            dt = time.time() - t0
+            logger.log({"step": step, "train/loss": loss.item(), "train/lr": lr, "train/grad_norm": gnorm.item(),
+                        "perf/elapsed_s": dt})
+            print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} | lr {lr:.2e} | {dt:.0f}s", flush=True)
+    print(f"done in {time.time() - t0:.0f}s; best val accuracy {best:.4f}; checkpoint {ckpt_path}", flush=True)
+    logger.finish()
+    return model
+
+
+def truncate_metrics(path, step):
+    """On resume, drop rows logged after the checkpoint (and a broken last line) so none repeat."""
+    if not os.path.exists(path):
+        return
+    keep = []
+    for line in open(path):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("step", 0) <= step:
+            keep.append(line if line.endswith("\n") else line + "\n")
+    with open(path + ".tmp", "w") as f:
+        f.writelines(keep)
+    os.replace(path + ".tmp", path)
+
+
+if __name__ == "__main__":
+    run_cli(main, Config)

@@ -1,0 +1,68 @@
+"""Task data: splits disjoint by unordered operand pair, seeded, files in the documented formats."""
+import json
+import random
+
+import pytest
+
+from data.tasks import (ALPHABET, WRONG_KINDS, DataError, compute, ensure_data, format_answer, load_problems,
+                        parse_answer, problems_of, split_pairs, wrong_answer)
+
+
+@pytest.mark.parametrize("task", ["mul", "add"])
+def test_splits_are_disjoint_by_unordered_pair(task):
+    s = split_pairs(task)
+    sets = {k: {frozenset(p) for p in v} for k, v in s.items()}
+    assert not (sets["train"] & sets["val"]) and not (sets["train"] & sets["test"]) and not (sets["val"] & sets["test"])
+    assert split_pairs(task) == s  # seeded
+    train_problems = {p for p, _ in problems_of(s["train"], "*")}
+    for a, b in s["test"][:200]:  # neither order of a held-out pair is ever trained on
+        assert f"{a}*{b}=" not in train_problems and f"{b}*{a}=" not in train_problems
+
+
+def test_mul_covers_every_pair_once():
+    s = split_pairs("mul")
+    n = sum(len(v) for v in s.values())
+    assert n == 90 * 91 // 2
+    assert abs(len(s["test"]) / n - 0.2) < 0.01
+
+
+def test_files_written_and_parsed(tmp_path):
+    root = ensure_data("mul", data_dir=tmp_path)
+    test = load_problems(root / "test.txt")
+    assert all(compute("*", *map(int, p[:-1].split("*"))) == int(a) for p, a in test)
+    assert (root / "test.txt").read_text().splitlines()[0].count("=") == 1
+    pairs = [json.loads(l) for l in open(root / "pairs_train.jsonl")]
+    assert {p["kind"] for p in pairs} == set(WRONG_KINDS)
+    assert all(p["chosen"] != p["rejected"] and (p["rejected"] == "0" or p["rejected"][0] != "0") for p in pairs)
+    kto = [json.loads(l) for l in open(root / "kto_train.jsonl")]
+    assert {k["label"] for k in kto} == {True, False}
+    assert ensure_data("mul", data_dir=tmp_path) == root  # second call does nothing
+
+
+def test_wrong_answers_are_wrong():
+    rng = random.Random(0)
+    for kind in WRONG_KINDS:
+        for a, b in [(10, 10), (23, 47), (99, 99), (11, 91)]:
+            w = wrong_answer(kind, a, b, "*", rng)
+            assert w != str(a * b) and all(c in "0123456789" for c in w)
+
+
+def test_answer_format_round_trip():
+    assert format_answer("1081", True) == "1801" and parse_answer("1801", True) == "1081"
+    assert format_answer("1081", False) == "1081"
+
+
+def test_problem_files_bad_lines(tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_bytes("\ufeff12*12=144\r\n\r\n13*13=169\n".encode())  # BOM, CRLF, blank line: fine
+    assert load_problems(f) == [("12*12=", "144"), ("13*13=", "169")]
+    f.write_text("12*12=144\n12x12=144\n")
+    with pytest.raises(DataError, match=r"p.txt:2: character 'x'"):
+        load_problems(f)
+    f.write_text("12*12\n")
+    with pytest.raises(DataError, match=r"p.txt:1: expected one"):
+        load_problems(f)
+    f.write_text("\n")
+    with pytest.raises(DataError, match="no problems"):
+        load_problems(f)
+    assert set(ALPHABET) >= set("0123456789*+=")

@@ -1,0 +1,424 @@
+"""Hand-computed reference numbers and equivalences for losses.py (numbers from the design spec §4, §5)."""
+import math
+
+import pytest
+import torch
+
+from losses import (DEFAULTS, LOSSES, clip_objective, cliff_advantages, gae, gapo_eps_high,
+                    group_advantages, kl_estimate, kl_in_reward, masked_mean, masked_sum,
+                    resolve_hparams, response_logps, sequence_ratio, token_entropy)
+
+# the reference batch: two right-padded responses of lengths 3 and 2
+LOGP = [[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]]
+OLD = torch.tensor([[-1.1, -0.4, -2.1], [-0.5, -1.0, 0.0]])
+REF = torch.tensor([[-1.2, -0.6, -1.9], [-0.4, -1.1, 0.0]])
+MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
+ADV = torch.tensor([1.0, -1.0])
+DAPO_GRAD = [[-0.221034, -0.180967, -0.221034], [0.244281, 0.163746, 0]]
+
+REFERENCE = [  # (name, hparams, loss, d loss / d logp)
+    ("grpo", dict(beta=0.0), -0.009163, [[-0.184195, -0.150806, -0.184195], [0.305351, 0.204683, 0]]),
+    ("grpo", dict(beta=0.04), -0.008871, [[-0.182987, -0.150172, -0.184896], [0.306302, 0.203631, 0]]),
+    ("dapo", dict(), -0.215009, DAPO_GRAD),
+    ("dr_grpo", dict(max_new_tokens=3), -0.179174,
+     [[-0.184195, -0.150806, -0.184195], [0.203567, 0.136455, 0]]),
+    ("sapo", dict(), -0.056874, [[-0.183687, -0.150465, -0.183687], [0.301262, 0.202840, 0]]),
+    ("cispo", dict(), 0.483807, DAPO_GRAD),
+    ("pnpo", dict(), -0.216667, [[0, -0.166667, 0], [0, 0.25, 0]]),
+    ("gspo", dict(), -0.000200, [[0, 0, 0], [0.25, 0.25, 0]]),
+    ("reinforce", dict(), 1.0, [[-0.5, -0.5, -0.5], [0.5, 0.5, 0]]),
+]
+
+
+def _extra(name, B, T, rows=slice(None)):
+    """Keyword inputs some losses need beyond hparams, for the rows of a batch of B."""
+    if name == "dr_grpo":
+        return dict(max_new_tokens=T)
+    if name == "gapo":
+        return dict(group_correct=torch.tensor([1, 2] * (B // 2))[rows], group_size=4)
+    return {}
+
+
+@pytest.mark.parametrize("name,hp,loss,grad", REFERENCE, ids=[f"{r[0]}-{r[1]}" for r in REFERENCE])
+def test_reference_table(name, hp, loss, grad):
+    logp = torch.tensor(LOGP, requires_grad=True)
+    out, stats = LOSSES[name](logp, OLD, ADV, MASK, ref_logp=REF, **hp)
+    out.backward()
+    assert out.item() == pytest.approx(loss, abs=1e-5)
+    assert torch.allclose(logp.grad, torch.tensor(grad), atol=1e-5)
+    assert {"clipfrac_low", "clipfrac_high", "ratio_mean", "ratio_max", "kl"} <= set(stats)
+    assert float(stats["ratio_max"]) == pytest.approx(math.exp(0.2), abs=1e-6)
+    assert float(stats["kl"]) == pytest.approx(0.0077494, abs=1e-6)  # mean k3 over the 5 tokens
+
+
+def test_clip_fractions_in_stats():
+    logp = torch.tensor(LOGP)
+    assert float(LOSSES["grpo"](logp, OLD, ADV, MASK, beta=0.0)[1]["clipfrac_high"]) == 0
+    assert float(LOSSES["gspo"](logp, OLD, ADV, MASK)[1]["clipfrac_high"]) == pytest.approx(0.6)  # seq 0
+    assert float(LOSSES["pnpo"](logp, OLD, ADV, MASK)[1]["clipfrac_high"]) == pytest.approx(0.6)
+    logp = torch.tensor([[math.log(1.25)], [math.log(0.7)]])
+    stats = LOSSES["grpo"](logp, torch.zeros(2, 1), ADV, torch.ones(2, 1), beta=0.0)[1]
+    assert float(stats["clipfrac_low"]) == 0.5 and float(stats["clipfrac_high"]) == 0.5
+
+
+@pytest.mark.parametrize("name,weights", [
+    ("grpo", [0.0833, -0.125, -0.125, 0.0833]),
+    ("dapo", [0.1, -0.1, -0.1, 0.1]),
+    ("dr_grpo", [0.0417, -0.0417, -0.0417, 0.0417]),
+])
+def test_token_weights_at_ratio_one(name, weights):
+    torch.manual_seed(0)
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 0], [1, 1, 1]])
+    adv = group_advantages(torch.tensor([[1.0, 0, 0, 1]]), "mean" if name == "dr_grpo" else "std")[0]
+    logp = torch.randn(4, 3).requires_grad_(True)
+    loss, _ = LOSSES[name](logp, logp.detach(), adv, mask, beta=0.0, **_extra(name, 4, 3))
+    loss.backward()
+    expected = torch.tensor(weights)[:, None].expand(4, 3) * mask
+    assert torch.allclose(-logp.grad, expected, atol=5e-5)
+
+
+def test_rloo_advantage_under_grpo_normaliser():
+    mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 0], [1, 1, 1]])
+    logp = torch.zeros(4, 3, requires_grad=True)
+    adv = group_advantages(torch.tensor([[1.0, 0, 0, 1]]), "rloo")[0]
+    LOSSES["grpo"](logp, logp.detach(), adv, mask, beta=0.0)[0].backward()
+    assert torch.allclose(-logp.grad[:, 0], torch.tensor([0.0556, -0.0833, -0.0833, 0.0556]), atol=5e-5)
+
+
+def test_sequence_ratio():
+    d = torch.tensor([[0.10, -0.05, 0.02]])
+    assert torch.allclose(d.exp(), torch.tensor([[1.1052, 0.9512, 1.0202]]), atol=5e-5)
+    assert sequence_ratio(d, torch.zeros(1, 3), torch.ones(1, 3)).item() == pytest.approx(1.0236, abs=5e-5)
+
+
+@pytest.mark.parametrize("r,A,obj,grad,clip_c", [
+    (1.4, 0.9, 1.08, 0.0, None), (0.6, -0.5, -0.4, 0.0, None), (1.1, 0.9, 0.99, 0.99, None),
+    (0.6, 0.5, 0.3, 0.3, None), (1.5, -1.0, -1.5, -1.5, None),
+    (4.0, -1.0, -3.0, 0.0, 3.0),  # dual-clip: for A < 0 the objective is at least clip_c*A
+])
+def test_clip_term(r, A, obj, grad, clip_c):
+    logr = torch.tensor(math.log(r), requires_grad=True)  # d/d logp = d/d log r
+    out, low, high = clip_objective(logr.exp(), torch.tensor(A), 0.2, 0.2, clip_c)
+    out.backward()
+    assert out.item() == pytest.approx(obj, abs=1e-6)
+    assert logr.grad.item() == pytest.approx(grad, abs=1e-6)
+    assert bool(low | high) == (grad == 0)  # flagged exactly where the gradient is cut
+
+
+@pytest.mark.parametrize("eps_high,grad", [(0.2, 0.0), (0.28, 1.25)])
+def test_clip_higher(eps_high, grad):
+    logp = torch.tensor([[math.log(1.25)]], requires_grad=True)
+    loss, _ = LOSSES["dapo"](logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), eps_high=eps_high)
+    loss.backward()
+    assert -logp.grad.item() == pytest.approx(grad, abs=1e-6)
+
+
+def test_cispo_caps_the_weight_but_keeps_the_gradient():
+    logp = torch.tensor([[math.log(6.0)]], requires_grad=True)
+    loss, stats = LOSSES["cispo"](logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1))
+    loss.backward()
+    assert -logp.grad.item() == pytest.approx(5.0) and float(stats["clipfrac_high"]) == 1
+
+
+def _ppo_epochs(eps, epochs):
+    """Two-logit policy, fixed batch [(right, A=+1), (left, A=-1)], SGD ascent lr 0.2 -> P(right) per epoch."""
+    z = torch.zeros(2, requires_grad=True)  # logits [left, right]
+    opt = torch.optim.SGD([z], lr=0.2)
+    old, adv, mask = torch.full((2, 1), math.log(0.5)), torch.tensor([1.0, -1.0]), torch.ones(2, 1)
+    probs = []
+    for _ in range(epochs):
+        lp = torch.log_softmax(z, 0)
+        probs.append(lp[1].exp().item())
+        logp = torch.stack([lp[1], lp[0]])[:, None]  # (2, 1) log-probs of the two samples
+        loss, _ = LOSSES["grpo"](logp, old, adv, mask, eps_low=eps, eps_high=eps, beta=0.0)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return probs + [torch.softmax(z, 0)[1].item()]
+
+
+def test_ppo_epochs_reference():
+    assert _ppo_epochs(0.2, 6) == pytest.approx([0.5, 0.55, 0.598, 0.643, 0.643, 0.643, 0.643], abs=5e-4)
+    assert _ppo_epochs(float("inf"), 20)[-1] == pytest.approx(0.921, abs=5e-4)
+
+
+def test_gapo_bound():
+    assert [gapo_eps_high(c, 8, 0.003, 0.005) for c in (1, 4, 8)] == pytest.approx([0.005, 0.0041429, 0.003],
+                                                                                abs=5e-8)
+
+
+def test_gapo_group_dependent_clip_and_refusals():
+    logp = torch.full((2, 1), math.log(1.0045), requires_grad=True)  # inside c=1's bound, outside c=7's
+    loss, _ = LOSSES["gapo"](logp, torch.zeros(2, 1), torch.ones(2), torch.ones(2, 1),
+                             group_correct=torch.tensor([1, 7]), group_size=8)
+    loss.backward()
+    assert logp.grad[0].item() < 0 and logp.grad[1].item() == 0
+    logp = torch.zeros(2, 1, requires_grad=True)
+    LOSSES["gapo"](logp, logp.detach(), torch.ones(2), torch.ones(2, 1), group_correct=[0, 8],
+                   group_size=8)[0].backward()
+    assert torch.equal(logp.grad, torch.zeros(2, 1))  # c in {0, G}: no signal
+    for bad in ([9, 1], [-1, 1], [0.5, 1]):
+        with pytest.raises(ValueError, match="group_correct"):
+            LOSSES["gapo"](logp, logp, torch.ones(2), torch.ones(2, 1), group_correct=bad, group_size=8)
+
+
+@pytest.mark.parametrize("lam,expected", [
+    (0.0, [[0.75] * 3, [-0.25, -0.25, -1.25, -1.25], [-0.25, -1.25], [0.75] * 3]),
+    (0.5, [[0.625] * 3, [0.125, 0.125, -1.375, -1.375], [0.125, -1.375], [0.625] * 3]),
+])
+def test_cliff_advantages(lam, expected):
+    lengths = [3, 4, 2, 3]
+    mask = (torch.arange(4) < torch.tensor(lengths)[:, None])[None]  # (1, 4, 4)
+    adv = cliff_advantages(torch.tensor([[1.0, 0, 0, 1]]), torch.tensor([[-1, 2, 1, -1]]), mask, lam=lam)
+    padded = torch.tensor([row + [0.0] * (4 - len(row)) for row in expected])
+    assert torch.allclose(adv[0], padded, atol=1e-6)
+
+
+def test_cliff_advantages_refuse_non_binary_and_zero_all_equal():
+    mask = torch.ones(1, 2, 3)
+    with pytest.raises(ValueError, match="binary"):
+        cliff_advantages(torch.tensor([[0.5, 1.0]]), torch.tensor([[-1, -1]]), mask)
+    for r in ([0.0, 0.0], [1.0, 1.0]):
+        adv = cliff_advantages(torch.tensor([r]), torch.tensor([[1, 0]]), mask, lam=0.5)
+        assert torch.equal(adv, torch.zeros(1, 2, 3))
+
+# ----------------------------------------------------------------------------- §4 advantages and KL
+
+@pytest.mark.parametrize("kind,rewards,expected", [
+    ("std", [1, 0, 0, 1], [1, -1, -1, 1]),
+    ("std", [1, 0, 0, 0], [1.732, -0.577, -0.577, -0.577]),
+    ("std", [1, 1, 1, 1], [0, 0, 0, 0]),
+    ("mean", [1, 0, 0, 1], [0.5, -0.5, -0.5, 0.5]),
+    ("rloo", [1, 0, 0, 1], [0.667, -0.667, -0.667, 0.667]),
+])
+def test_group_advantages(kind, rewards, expected):
+    adv = group_advantages(torch.tensor([rewards], dtype=torch.float32), kind)
+    assert torch.allclose(adv[0], torch.tensor(expected, dtype=torch.float32), atol=5e-4)
+
+
+def test_group_advantages_all_equal_exactly_zero_and_unknown_kind():
+    for kind in ("std", "mean", "rloo"):
+        adv = group_advantages(torch.tensor([[0.1, 0.1, 0.1], [0.7, 0.7, 0.7]]), kind)
+        assert torch.equal(adv, torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="std.*mean.*rloo"):
+        group_advantages(torch.zeros(1, 4), "median")
+
+
+@pytest.mark.parametrize("lam,expected", [
+    (1.0, [0.729, 1.31, 0.9, 0.5]), (0.0, [-0.45, 0.5, 0.45, 0.5]), (0.5, [-0.0883125, 0.80375, 0.675, 0.5]),
+])
+def test_gae(lam, expected):
+    rewards = torch.tensor([[0.0, 0, 0, 1], [0, 0, 0, 1]])
+    values = torch.tensor([[0.0, -0.5, 0, 0.5], [0.0, -0.5, 0, 0.5]])
+    rewards, values = torch.cat([rewards, torch.ones(2, 2)], 1), torch.cat([values, torch.ones(2, 2)], 1)
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0]] * 2)  # right padding holding junk rewards and values
+    adv, returns = gae(rewards, values, mask, gamma=0.9, lam=lam)
+    assert torch.allclose(adv[0, :4], torch.tensor(expected), atol=1e-6)
+    assert torch.equal(adv[:, 4:], torch.zeros(2, 2))
+    assert torch.allclose(returns[0, :4], adv[0, :4] + values[0, :4])
+
+
+def test_kl_estimators():
+    logp, ref = torch.tensor([0.0]), torch.tensor([math.log(0.5)])  # x = -ln 2
+    assert kl_estimate(logp, ref, "k1").item() == pytest.approx(0.693147, abs=1e-6)
+    assert kl_estimate(logp, ref, "k2").item() == pytest.approx(0.240227, abs=1e-6)
+    assert kl_estimate(logp, ref, "k3").item() == pytest.approx(0.193147, abs=1e-6)
+    with pytest.raises(ValueError, match="k1"):
+        kl_estimate(logp, ref, "k4")
+
+
+def test_kl_in_reward():
+    logp = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, float("-inf")]])
+    ref = torch.tensor([[-1.2, -0.6, -1.9], [-0.4, -1.1, float("-inf")]])
+    rewards = kl_in_reward(torch.tensor([1.0, 0.0]), logp, ref, MASK, beta=0.5)
+    assert torch.allclose(rewards, torch.tensor([[-0.1, -0.05, 1.05], [-0.05, 0.05, 0.0]]), atol=1e-6)
+
+# ----------------------------------------------------------------------------- log-probs, reductions
+
+def test_masked_reductions():
+    x = torch.tensor([[1.0, 2.0, float("-inf")], [5.0, float("nan"), 7.0]])
+    m = torch.tensor([[1, 1, 0], [0, 0, 0]])
+    assert masked_sum(x, m).item() == 3.0
+    assert torch.equal(masked_mean(x, m, dim=1), torch.tensor([1.5, 0.0]))  # empty row: 0, not NaN
+    assert masked_mean(x, m.bool()).item() == 1.5
+
+
+def test_response_logps_shift_and_temperature():
+    logits = torch.zeros(1, 3, 2)
+    logits[0, 1] = torch.tensor([0.0, math.log(3.0)])  # position 1 scores token 2: p = [0.25, 0.75]
+    ids, rmask = torch.tensor([[0, 1, 1]]), torch.tensor([[0, 1, 1]])
+    logp, mask = response_logps(logits, ids, rmask)
+    assert torch.equal(mask, rmask[:, 1:])
+    assert torch.allclose(logp, torch.tensor([[math.log(0.5), math.log(0.75)]]))
+    logp, _ = response_logps(logits, ids, rmask, temperature=2.0)
+    assert logp[0, 1].item() == pytest.approx(math.log(math.sqrt(3) / (1 + math.sqrt(3))), abs=1e-6)
+    assert token_entropy(logits)[0, 1].item() == pytest.approx(0.562335, abs=1e-6)
+    assert token_entropy(torch.zeros(1, 1, 5), temperature=0.7).item() == pytest.approx(math.log(5), abs=1e-6)
+
+
+def test_padding_with_inf_logits_gives_no_nan():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 4, 6)
+    logits[1, 2:, :4] = float("-inf")  # e.g. top-k filtered rows after EOS, label 0 among them
+    logits.requires_grad_(True)
+    ids = torch.tensor([[1, 2, 3, 4], [1, 2, 0, -1]])  # -1: an invalid id at padding
+    rmask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 0]])
+    logp, mask = response_logps(logits, ids, rmask)
+    assert torch.equal(logp[1, 2:], torch.zeros(1)) and torch.isfinite(logp).all()
+    ent = token_entropy(logits)
+    (logp.sum() + masked_mean(ent, rmask)).backward()
+    assert torch.isfinite(logits.grad).all() and torch.isfinite(ent).all()
+
+# ----------------------------------------------------------------------------- every loss
+
+def _batch(B=6, T=5, seed=0, per_token=False):
+    torch.manual_seed(seed)
+    lengths = torch.randint(1, T + 1, (B,))
+    mask = torch.arange(T) < lengths[:, None]  # (B, T)
+    logp = -torch.rand(B, T) * 2
+    old = logp + 0.1 * torch.randn(B, T)
+    ref = logp + 0.1 * torch.randn(B, T)
+    adv = torch.randn(B, T) if per_token else torch.randn(B)
+    return logp, old, ref, adv, mask
+
+
+def _hp(name):
+    """An in-loss KL term for every loss that has one (reinforce/rloo put KL into the reward)."""
+    return {} if name in ("reinforce", "rloo") else dict(beta=0.1)
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_micro_batches_with_global_counts_equal_the_full_batch(name):
+    B, T = 6, 5
+    logp, old, ref, adv, mask = _batch(B, T, per_token=name == "cliff")
+    counts = dict(n_tokens=mask.sum(), n_seqs=B)
+    full = logp.clone().requires_grad_(True)
+    loss, _ = LOSSES[name](full, old, adv, mask, ref, **_hp(name), **_extra(name, B, T))
+    loss.backward()
+    micro, total = logp.clone().requires_grad_(True), 0.0
+    for rows in (slice(0, 2), slice(2, B)):
+        part, _ = LOSSES[name](micro[rows], old[rows], adv[rows], mask[rows], ref[rows], **counts,
+                               **_hp(name), **_extra(name, B, T, rows))
+        part.backward()
+        total = total + part.item()
+    assert total == pytest.approx(loss.item(), abs=1e-6)
+    assert torch.allclose(micro.grad, full.grad, atol=1e-7)
+
+
+def test_micro_batch_means_of_means_would_differ():
+    logp, old, _, adv, mask = _batch()
+    full = LOSSES["dapo"](logp, old, adv, mask)[0]
+    naive = (LOSSES["dapo"](logp[:2], old[:2], adv[:2], mask[:2])[0] +
+             LOSSES["dapo"](logp[2:], old[2:], adv[2:], mask[2:])[0]) / 2
+    assert abs(full - naive) > 1e-3  # so the test above is not vacuous
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_padding_with_inf_logps_gives_no_nan(name):
+    B, T = 6, 5
+    logp, old, ref, adv, mask = _batch(B, T, per_token=name == "cliff")
+    inf = torch.tensor(float("-inf"))
+    logp = torch.where(mask, logp, inf).requires_grad_(True)
+    old, ref = torch.where(mask, old, inf), torch.where(mask, ref, inf)
+    loss, stats = LOSSES[name](logp, old, adv, mask.float(), ref, **_hp(name), **_extra(name, B, T))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+    assert torch.equal(logp.grad[~mask], torch.zeros((~mask).sum()))
+    assert all(math.isfinite(float(v)) for v in stats.values())
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_all_equal_groups_give_zero_advantage_and_zero_gradient(name):
+    B, T = 8, 5
+    logp, old, _, _, mask = _batch(B, T)
+    rewards = torch.tensor([[1.0] * 4, [0.0] * 4])
+    if name == "cliff":
+        adv = cliff_advantages(rewards, torch.full((2, 4), 1), mask.view(2, 4, T)).view(B, T)
+    else:
+        adv = group_advantages(rewards, "rloo" if name == "rloo" else "std").view(B)
+    assert torch.equal(adv, torch.zeros_like(adv))
+    extra = dict(group_correct=[4] * 4 + [0] * 4, group_size=4) if name == "gapo" else _extra(name, B, T)
+    logp.requires_grad_(True)
+    loss, _ = LOSSES[name](logp, old, adv, mask, beta=0.0, **extra)
+    loss.backward()
+    assert loss.item() == 0 and torch.equal(logp.grad, torch.zeros(B, T))
+
+
+def test_on_policy_grpo_gradient_equals_reinforce():
+    torch.manual_seed(0)
+    G, T = 4, 5
+    mask = torch.arange(T) < torch.tensor([5, 2, 3, 4])[:, None]
+    adv = group_advantages(torch.tensor([[1.0, 0.0, 1.0, 0.0]]), "std")[0]
+    a = torch.randn(G, T).requires_grad_(True)
+    b = a.detach().clone().requires_grad_(True)
+    LOSSES["grpo"](a, a.detach(), adv, mask, beta=0.0)[0].backward()
+    lengths = mask.sum(1)
+    LOSSES["reinforce"](b, b.detach(), adv / lengths, mask)[0].backward()  # weight A_i/(G*|y_i|)
+    assert torch.allclose(a.grad, b.grad, atol=1e-7)
+    assert torch.allclose(-a.grad, (adv / (G * lengths))[:, None] * mask, atol=1e-7)
+
+
+def test_gspo_with_one_token_responses_equals_token_clipping():
+    torch.manual_seed(0)
+    B, T = 16, 3
+    mask = torch.zeros(B, T, dtype=torch.bool)
+    mask[:, 0] = True
+    old = -torch.rand(B, T)
+    logp0 = old + 0.3 * torch.randn(B, T)  # ratios on both sides of the clip range
+    adv = torch.randn(B)
+    a, b = logp0.clone().requires_grad_(True), logp0.clone().requires_grad_(True)
+    la, _ = LOSSES["gspo"](a, old, adv, mask, eps_low=0.2, eps_high=0.28)
+    lb, _ = LOSSES["grpo"](b, old, adv, mask, eps_low=0.2, eps_high=0.28, beta=0.0)
+    la.backward()
+    lb.backward()
+    assert la.item() == pytest.approx(lb.item(), abs=1e-6) and torch.allclose(a.grad, b.grad, atol=1e-7)
+    assert (a.grad == 0).any() and (a.grad != 0).any()  # some clipped, some not
+
+# ----------------------------------------------------------------------------- hparams, errors
+
+def test_resolve_hparams():
+    assert resolve_hparams("grpo") == dict(eps_low=0.2, eps_high=0.2, beta=0.04, kl_estimator="k3", clip_c=None)
+    assert resolve_hparams("dapo", eps_high=0.3, beta=None)["eps_high"] == 0.3
+    assert resolve_hparams("dapo", beta=None)["beta"] == 0.0
+    assert resolve_hparams("reinforce", eps_low=None) == dict(beta=0.0)  # None for a knob it lacks: ignored
+    assert (resolve_hparams("sapo")["tau_neg"], resolve_hparams("cispo")["eps_max"]) == (1.05, 5.0)
+    assert resolve_hparams("cliff") == resolve_hparams("grpo")
+    assert set(LOSSES) == set(DEFAULTS)
+    with pytest.raises(ValueError, match="eps_lo\\b.*eps_low"):
+        resolve_hparams("grpo", eps_lo=0.1)
+    with pytest.raises(ValueError, match="'ppo2'.*grpo.*dapo"):
+        resolve_hparams("ppo2")
+
+
+def test_loss_errors():
+    logp = torch.tensor(LOGP)
+    with pytest.raises(ValueError, match="eps"):
+        LOSSES["grpo"](logp, OLD, ADV, MASK, eps=0.1)
+    with pytest.raises(ValueError, match="ref_logp"):
+        LOSSES["grpo"](logp, OLD, ADV, MASK)  # default beta 0.04 needs a reference
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        LOSSES["dr_grpo"](logp, OLD, ADV, MASK)
+    with pytest.raises(ValueError, match="per-sequence"):
+        LOSSES["gspo"](logp, OLD, torch.ones(2, 3), MASK)
+
+# ----------------------------------------------------------------------------- learning: KL-regularised optimum
+
+@pytest.mark.parametrize("p0,target", [(0.16, 0.585), (0.24, 0.700)])
+def test_kl_in_reward_reinforce_converges_to_the_regularised_optimum(p0, target):
+    """max E[R] - beta*KL(pi||ref) over 4 answers (answer 0 correct): pi* ∝ ref*exp(R/beta)."""
+    beta = 0.5
+    assert p0 * math.exp(1 / beta) / (p0 * math.exp(1 / beta) + 1 - p0) == pytest.approx(target, abs=5e-4)
+    ref = torch.log(torch.tensor([p0] + [(1 - p0) / 3] * 3))
+    z = ref.clone().requires_grad_(True)  # tabular softmax policy, starts at the reference
+    score, mask = torch.tensor([1.0, 0, 0, 0]), torch.ones(4, 1)
+    opt = torch.optim.SGD([z], lr=1.0)
+    for _ in range(300):
+        logp = torch.log_softmax(z, 0)[:, None]  # (4, 1) every answer, one token each
+        ret = kl_in_reward(score, logp.detach(), ref[:, None], mask, beta).sum(1)  # (4,)
+        p = logp.detach().exp()[:, 0]
+        adv = p * (ret - (p * ret).sum())  # exact expectation: each answer weighted by its probability
+        loss, _ = LOSSES["reinforce"](logp, logp.detach(), adv, mask, n_seqs=1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    assert torch.softmax(z, 0)[0].item() == pytest.approx(target, abs=0.02)

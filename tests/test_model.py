@@ -1,0 +1,181 @@
+"""GPT, KV cache, sampler and checkpoints: equivalences and contracts (SPEC §3, §8, §9)."""
+import os
+import pickle
+
+import pytest
+import torch
+
+from losses import response_logps
+from model import GPT, CheckpointError, GPTConfig, generate, load_checkpoint, model_from_checkpoint, save_checkpoint
+from tokenizer import CharTokenizer
+
+torch.set_num_threads(1)
+EOS, PAD = 1, 0
+
+
+def tiny(seed=0, **kw):
+    torch.manual_seed(seed)
+    args = dict(block_size=24, vocab_size=16, n_layer=2, n_head=2, n_embd=32)
+    args.update(kw)
+    return GPT(GPTConfig(**args)).eval()
+
+
+def prompts_of(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, 16, (n,), generator=g).tolist() for n in lengths]
+
+
+def test_forward_shape_and_causality():
+    model = tiny()
+    idx = torch.randint(2, 16, (3, 10))
+    logits = model(idx)
+    assert logits.shape == (3, 10, 16)  # every position, not only the last
+    edited = idx.clone()
+    edited[:, 6] = (edited[:, 6] + 1) % 14 + 2  # change token 6
+    logits2 = model(edited)
+    assert torch.allclose(logits[:, :6], logits2[:, :6], atol=1e-6)  # positions <= 5 don't see token 6
+    assert not torch.allclose(logits[:, 6:], logits2[:, 6:], atol=1e-4)
+
+
+def test_left_padding_matches_unpadded_rows():
+    model = tiny()
+    prompts = prompts_of([3, 7, 5])
+    P = 7
+    ids = torch.tensor([[PAD] * (P - len(p)) + p for p in prompts])
+    offsets = torch.tensor([P - len(p) for p in prompts])
+    logits = model(ids, offsets)
+    for i, p in enumerate(prompts):
+        alone = model(torch.tensor([p]))[0]
+        assert torch.allclose(logits[i, P - len(p):], alone, atol=1e-5)
+    assert torch.isfinite(logits).all()  # pad queries attend to themselves: no NaN rows
+
+
+@pytest.mark.parametrize("lengths", [[5, 5, 5], [3, 6, 4]])
+def test_cached_equals_uncached(lengths):
+    model = tiny()
+    prompts = prompts_of(lengths)
+    kw = dict(max_new_tokens=10, eos_id=EOS, pad_id=PAD, G=3, temperature=0)
+    a = generate(model, prompts, use_cache=True, **kw)
+    b = generate(model, prompts, use_cache=False, **kw)
+    assert torch.equal(a["ids"], b["ids"])  # identical greedy outputs
+    assert torch.equal(a["response_mask"], b["response_mask"])
+    assert torch.allclose(a["logps"], b["logps"], atol=1e-5)
+    # sampled: same generator seed -> same tokens, log-probs within 1e-5
+    kw.update(temperature=0.8, top_k=10)
+    a = generate(model, prompts, use_cache=True, generator=torch.Generator().manual_seed(3), **kw)
+    b = generate(model, prompts, use_cache=False, generator=torch.Generator().manual_seed(3), **kw)
+    assert torch.equal(a["ids"], b["ids"])
+    assert torch.allclose(a["logps"], b["logps"], atol=1e-5)
+
+
+def test_cached_logits_match_full_forward():
+    """The logits the cache produces at every decode step equal a fresh full forward's."""
+    from model import KVCache
+    model = tiny()
+    seq = torch.randint(2, 16, (2, 12))
+    full = model(seq)
+    cache = KVCache(model.config, 2, 12, "cpu", torch.float32)
+    steps = [model(seq[:, :5], cache=cache)]
+    for t in range(5, 12):
+        steps.append(model(seq[:, t:t + 1], cache=cache))
+    assert torch.allclose(torch.cat(steps, 1), full, atol=1e-5)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_sampler_logps_equal_trainer_logps(temperature):
+    model = tiny()
+    prompts = prompts_of([4, 6, 5])
+    out = generate(model, prompts, 12, EOS, PAD, G=4, temperature=temperature,
+                   generator=torch.Generator().manual_seed(0))
+    logits = model(out["ids"], out["offsets"])
+    logp, mask = response_logps(logits, out["ids"], out["response_mask"], temperature=temperature)
+    P = out["prompt_len"]
+    logp, mask = logp[:, P - 1:], mask[:, P - 1:]  # align to the response
+    assert torch.equal(mask, out["response_mask"][:, P:].to(mask.dtype))
+    assert (logp - out["logps"]).abs().max() <= 1e-5
+
+
+@pytest.mark.parametrize("pad_id", [PAD, EOS])  # also when PAD == EOS (SPEC §9.1)
+def test_eos_is_inside_the_response_mask(pad_id):
+    model = tiny()
+    with torch.no_grad():  # make EOS the likeliest token after a couple of steps
+        model.lm_head.weight[EOS] *= 0
+    torch.manual_seed(1)
+    out = generate(model, prompts_of([4, 4]), 10, EOS, pad_id, G=4, temperature=1.0,
+                   generator=torch.Generator().manual_seed(0))
+    P = out["prompt_len"]
+    resp, m = out["ids"][:, P:], out["response_mask"][:, P:]
+    n_eos = 0
+    for r, mm in zip(resp.tolist(), m.tolist()):
+        n = sum(mm)
+        assert mm == [1] * n + [0] * (len(mm) - n)  # contiguous from the first response token
+        if EOS in r[:n]:
+            assert r[:n].index(EOS) == n - 1  # EOS is the last masked token, inside the mask
+            n_eos += 1
+    assert n_eos > 0
+    assert (out["response_mask"][:, :P] == 0).all()  # never the prompt
+
+
+def test_greedy_stops_per_row_and_max_new_tokens():
+    model = tiny()
+    out = generate(model, prompts_of([3, 3]), 5, eos_id=EOS, pad_id=PAD, temperature=0)
+    assert out["ids"].shape[1] <= 3 + 5
+    with pytest.raises(ValueError, match="context window"):
+        generate(model, prompts_of([20]), 5, EOS, PAD)
+
+
+def test_scalar_head_shape():
+    model = tiny(scalar_head=True)
+    logits, values = model(torch.randint(2, 16, (3, 7)), return_scalar=True)
+    assert logits.shape == (3, 7, 16) and values.shape == (3, 7)
+    with pytest.raises(ValueError, match="no scalar head"):
+        tiny()(torch.randint(2, 16, (1, 3)), return_scalar=True)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    model = tiny()
+    tok = CharTokenizer("0123456789+*=-")
+    opt = model.configure_optimizer(1e-3, 0.1, (0.9, 0.99))
+    model(torch.randint(2, 16, (2, 5))).sum().backward()
+    opt.step()
+    path = tmp_path / "ckpt.pt"
+    save_checkpoint(str(path), model, opt, {"lr": 1e-3, "note": None}, 7, tok,
+                    rng={"torch": torch.get_rng_state()})
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]  # temp file renamed away
+    raw = torch.load(path, weights_only=True)  # plain dicts/lists/tensors only
+    assert raw["step"] == 7 and raw["config"]["lr"] == 1e-3
+    model2, tok2 = model_from_checkpoint(load_checkpoint(str(path)))
+    x = torch.randint(2, 16, (2, 6))
+    assert torch.equal(model(x), model2.eval()(x))
+    assert tok2.encode("12*3=") == tok.encode("12*3=")
+    opt2 = model2.configure_optimizer(1e-3, 0.1, (0.9, 0.99))
+    opt2.load_state_dict(raw["optimizer"])
+
+
+def test_bad_checkpoints_fail_clearly(tmp_path):
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_checkpoint(str(tmp_path / "nope.pt"))
+    model = tiny()
+    good = tmp_path / "good.pt"
+    save_checkpoint(str(good), model, None, {}, 0, CharTokenizer("0123456789+*=-"))
+    trunc = tmp_path / "trunc.pt"
+    trunc.write_bytes(good.read_bytes()[:1000])
+    with pytest.raises(CheckpointError, match="trunc.pt: not a readable"):
+        load_checkpoint(str(trunc))
+
+    class Evil:  # a pickle that would run code on load
+        def __reduce__(self):
+            return (os.system, ("echo pwned",))
+    evil = tmp_path / "evil.pt"
+    evil.write_bytes(pickle.dumps({"model": Evil()}, protocol=2))
+    with pytest.raises(CheckpointError, match="evil.pt: not a readable"):
+        load_checkpoint(str(evil))
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(2)}, other)
+    with pytest.raises(CheckpointError, match="missing model"):
+        load_checkpoint(str(other))
+    # a checkpoint whose tokenizer does not match its model
+    ck = load_checkpoint(str(good))
+    ck["tokenizer"] = {"kind": "char", "chars": "0123"}
+    with pytest.raises(CheckpointError, match="tokenizer has 6 tokens but the model 16"):
+        model_from_checkpoint(ck)

@@ -1,0 +1,51 @@
+"""Char and BPE tokenizers: round trips, unknown characters, serialisation (tiktoken offline)."""
+import pytest
+import tiktoken
+
+from tokenizer import BPETokenizer, CharTokenizer, TokenizerError, from_dict
+
+
+@pytest.mark.parametrize("text", ["23*47=1081", "999+1=1000", "", "0-0="])
+def test_char_round_trip(text):
+    tok = CharTokenizer("0123456789+*=-")
+    ids = tok.encode(text)
+    assert len(ids) == len(text) and all(i >= 2 for i in ids)  # specials never produced by text
+    assert tok.decode(ids) == text
+    assert tok.decode(ids + [tok.eos_id] + ids) == text  # EOS ends the text
+    assert from_dict(tok.to_dict()).encode(text) == ids
+
+
+@pytest.mark.parametrize("bad", ["23x47=", "2 3", "١٢", "\n"])
+def test_char_unknown_character_is_named(bad):
+    tok = CharTokenizer("0123456789+*=-")
+    with pytest.raises(TokenizerError, match="is not in the vocabulary") as e:
+        tok.encode(bad)
+    assert repr(next(c for c in bad if c not in tok.chars)) in str(e.value)
+
+
+def toy_encoding():
+    """A tiny BPE built in the test: bytes 0..255 plus three merges, and an end-of-text special."""
+    ranks = {bytes([i]): i for i in range(256)}
+    ranks[b"ti"] = 256
+    ranks[b"me"] = 257
+    ranks[b"mes"] = 258
+    return tiktoken.Encoding("toy", pat_str=r"\d| ?[a-zA-Z]+| ?[^\sa-zA-Z\d]+|\s+",
+                             mergeable_ranks=ranks, special_tokens={"<|endoftext|>": 259})
+
+
+def test_bpe_round_trip_and_serialisation():
+    tok = BPETokenizer(toy_encoding())
+    text = "What is 23 times 47?"
+    ids = tok.encode(text)
+    assert tok.decode(ids) == text
+    assert 256 in ids and 258 in ids  # the merges were used
+    assert tok.eos_id == tok.pad_id == 259 and tok.vocab_size == 260
+    assert tok.decode(ids + [tok.eos_id, 5]) == text
+    assert tok.encode("<|endoftext|>") != [259]  # special text in data is not the EOS token
+    tok2 = from_dict(tok.to_dict())
+    assert tok2.encode(text) == ids and tok2.vocab_size == tok.vocab_size
+
+
+def test_unknown_tokenizer_kind():
+    with pytest.raises(TokenizerError, match="unknown tokenizer kind"):
+        from_dict({"kind": "sentencepiece"})
