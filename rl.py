@@ -315,7 +315,7 @@ def main(cfg):
         if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters:
             m = run_eval(step + 1)
     logger.finish()
-    return m
+    return {"metrics": m, "model": model, "ref": ref}
 
 
 @torch.no_grad()
