@@ -12,5 +12,6 @@ demo: install
 	$(PYTHON) -m data.tasks --task=mul
 	$(PYTHON) sft.py configs/mul.py
 	$(PYTHON) sample.py --ckpt=out/sft-mul/ckpt.pt --prompts_file=data/mul/test.txt > out/sft-mul/test_samples.txt
+	$(PYTHON) rl.py --loss=grpo
 test: install-test
 	$(PYTHON) -m pytest

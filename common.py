@@ -17,7 +17,7 @@ from dataclasses import asdict, fields
 
 import torch
 
-from data.tasks import parse_answer
+from data.tasks import format_prompt, parse_answer
 from model import generate
 from verify import exact_answer
 
@@ -157,8 +157,9 @@ def pass_at_k(n, c, k):
     return 1.0 - math.prod((n - c - i) / (n - i) for i in range(k))
 
 
-def encode_prompts(tok, problems):
-    return [tok.encode(p) for p, _ in problems]
+def encode_prompts(tok, prompts, reverse):
+    """Normal-order prompt strings -> the token ids the model reads."""
+    return [tok.encode(format_prompt(p, reverse)) for p in prompts]
 
 
 @torch.no_grad()
@@ -170,7 +171,7 @@ def evaluate(model, tok, problems, reverse, max_new_tokens, n_samples=0, tempera
     correct, passes1, passesk, examples = 0, 0.0, 0.0, []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
-        prompts = encode_prompts(tok, chunk)
+        prompts = encode_prompts(tok, [p for p, _ in chunk], reverse)
         out = generate(model, prompts, max_new_tokens, tok.eos_id, tok.pad_id, temperature=0)
         for j, (rew, text) in enumerate(score_samples(tok, out, [a for _, a in chunk], reverse)):
             correct += rew

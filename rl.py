@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 import losses as L
-from common import Logger, UserError, evaluate, print_config, run_cli
+from common import Logger, UserError, encode_prompts, evaluate, print_config, run_cli
 from data.tasks import ensure_data, format_answer, load_problems
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 from verify import exact_answer, first_wrong_token, overlong_penalty
@@ -116,7 +116,7 @@ class PromptSampler:
 
 def rollout(model, tok, problems, idx, cfg, gen, reverse):
     """G samples for each problem in idx -> dict of tensors, rewards and per-row facts."""
-    prompts = [tok.encode(problems[i][0]) for i in idx]
+    prompts = encode_prompts(tok, [problems[i][0] for i in idx], reverse)
     out = generate(model, prompts, cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=cfg.group_size,
                    temperature=cfg.temperature, generator=gen)
     P, window = out["prompt_len"], sampling_option(cfg, "overlong_window")
@@ -188,6 +188,71 @@ def policy_logps(model, ids, offsets, full_mask, P, temperature):
     return lp[:, P - 1:], logits[:, P - 1:-1]
 
 
+def collect(model, tok, train, prompts, cfg, gen, reverse, dyn):
+    """Rollouts for one step: P prompts x G samples; dynamic sampling drops all-equal groups and
+    refills (up to max_refills more rounds). Returns (batch or None, stats)."""
+    parts, n_groups, n_sampled, n_zero_std = [], 0, 0, 0
+    for _ in range(1 + (cfg.max_refills if dyn else 0)):
+        idx = prompts.take(cfg.prompts_per_step - n_groups)
+        out = rollout(model, tok, train, idx, cfg, gen, reverse)
+        R = out["reward"].view(-1, cfg.group_size)
+        prompts.record(idx, out["correct"].view(-1, cfg.group_size))
+        zero_std = R.max(1).values == R.min(1).values  # (groups,) all-equal rewards
+        n_sampled, n_zero_std = n_sampled + len(idx), n_zero_std + int(zero_std.sum())
+        if dyn:
+            out = select_groups(out, ~zero_std, cfg.group_size)
+        if out["ids"].size(0):
+            parts.append(out)
+            n_groups += out["ids"].size(0) // cfg.group_size
+        if not dyn or n_groups >= cfg.prompts_per_step:
+            break
+    stats = {"rl/zero_std_frac": n_zero_std / n_sampled, "rl/n_groups": n_groups}
+    return (cat_rollouts(parts) if parts else None), stats
+
+
+def update(model, ref, opt, batch, cfg, hp, gen, lr):
+    """ppo_epochs x minibatches optimizer steps on one rollout batch; each optimizer step normalises
+    by the token/sequence counts of its own minibatch. Raises FloatingPointError on a NaN/inf."""
+    ids, offsets, full_mask, P = batch["ids"], batch["offsets"], batch["response_mask"], batch["prompt_len"]
+    mask = full_mask[:, P:].float()  # (N, L) response tokens incl. EOS
+    old_logp = batch["logps"]  # (N, L) sampler log-probs = old policy, nothing recomputed
+    ref_logp = None
+    if hp.get("beta"):  # the reference runs only when the loss has a KL term (SPEC §9.7)
+        with torch.no_grad():
+            ref_logp, _ = policy_logps(ref, ids, offsets, full_mask, P, cfg.temperature)
+    adv, extra = advantages(cfg, batch, hp, ref_logp)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    N, stats = ids.size(0), {}
+    for epoch in range(cfg.ppo_epochs):
+        perm = torch.randperm(N, generator=gen) if cfg.minibatches > 1 else torch.arange(N)
+        for mb in perm.chunk(cfg.minibatches):
+            lp, logits = policy_logps(model, ids[mb], offsets[mb], full_mask[mb], P, cfg.temperature)
+            if not stats:  # first update of a fresh rollout: the ratio must be exactly 1 (SPEC §9.2)
+                stats["rl/logp_mismatch"] = (lp.detach() - old_logp[mb]).abs().max().item()  # both 0 off the mask
+                with torch.no_grad():
+                    stats["rl/entropy"] = L.masked_mean(L.token_entropy(logits, cfg.temperature), mask[mb]).item()
+            kw = {k: (v[mb] if torch.is_tensor(v) else v) for k, v in extra.items()}
+            loss, st = L.LOSSES[cfg.loss](lp, old_logp[mb], adv[mb], mask[mb],
+                                          ref_logp[mb] if ref_logp is not None else None, **hp, **kw)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            bad = nonfinite(loss, model)
+            if bad:
+                raise FloatingPointError(bad)
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+            opt.step()
+    stats.update({f"rl/{k}": float(v) for k, v in st.items()})
+    if ref_logp is not None:
+        stats["rl/kl"] = L.masked_mean(L.kl_estimate(old_logp, ref_logp, "k3"), mask).item()
+    stats.update({"rl/loss": loss.item(), "rl/grad_norm": gnorm.item(), "rl/lr": lr,
+                  "rl/reward_mean": batch["reward"].mean().item(), "rl/accuracy": batch["correct"].mean().item(),
+                  "rl/resp_len": batch["length"].mean().item(), "rl/n_tokens": mask.sum().item(),
+                  "rl/truncated_frac": 1 - batch["finished"].float().mean().item(),
+                  "rl/empty_frac": (batch["length"] <= 1).float().mean().item()})
+    return stats
+
+
 def main(cfg):
     check_config(cfg)
     out_dir = cfg.out_dir or f"out/rl-{cfg.loss}"
@@ -206,7 +271,7 @@ def main(cfg):
     torch.manual_seed(cfg.seed)
     root = ensure_data(task)
     train, val, test = (load_problems(root / f"{s}.txt") for s in ("train", "val", "test"))
-    if len(tok.encode(train[0][0])) + cfg.max_new_tokens > model.config.block_size:
+    if max(len(p) for p in encode_prompts(tok, [p for p, _ in train], reverse)) + cfg.max_new_tokens > model.config.block_size:
         raise UserError(f"max_new_tokens={cfg.max_new_tokens} does not fit block_size={model.config.block_size}")
 
     ref = copy.deepcopy(model).eval().requires_grad_(False)  # frozen reference, never updated
@@ -229,7 +294,7 @@ def main(cfg):
         m, examples = evaluate(model, tok, test, reverse, cfg.max_new_tokens, n_samples=cfg.eval_samples,
                                temperature=cfg.temperature, generator=eval_gen)
         m.update(evaluate(model, tok, val, reverse, cfg.max_new_tokens, prefix="val")[0])
-        m["eval/kl"] = eval_kl(model, ref, tok, test, cfg, eval_gen)
+        m["eval/kl"] = eval_kl(model, ref, tok, test, reverse, cfg, eval_gen)
         if m["val/accuracy"] > best:
             best = m["val/accuracy"]
             save("best.pt", step)
@@ -240,90 +305,42 @@ def main(cfg):
               f"| {time.time() - t_start:.0f}s", flush=True)
         return m
 
-    m = run_eval(0)
+    m = m0 = run_eval(0)
     for step in range(cfg.max_iters):
-        # ---- rollouts: P prompts x G samples, dynamic sampling refills dropped groups
         t0 = time.time()
-        parts, n_groups, n_sampled, n_zero_std = [], 0, 0, 0
-        for _ in range(1 + (cfg.max_refills if dyn else 0)):
-            idx = prompts.take(cfg.prompts_per_step - n_groups)
-            out = rollout(model, tok, train, idx, cfg, gen, reverse)
-            R = out["reward"].view(-1, cfg.group_size)
-            prompts.record(idx, out["correct"].view(-1, cfg.group_size))
-            zero_std = R.max(1).values == R.min(1).values  # (groups,) all-equal rewards
-            n_sampled, n_zero_std = n_sampled + len(idx), n_zero_std + int(zero_std.sum())
-            if dyn:
-                out = select_groups(out, ~zero_std, cfg.group_size)
-            if out["ids"].size(0):
-                parts.append(out)
-                n_groups += out["ids"].size(0) // cfg.group_size
-            if not dyn or n_groups >= cfg.prompts_per_step:
-                break
+        batch, stats = collect(model, tok, train, prompts, cfg, gen, reverse, dyn)
         t_roll = time.time() - t0
-        stats = {"rl/zero_std_frac": n_zero_std / n_sampled, "rl/n_groups": n_groups}
-        if not parts:  # every group all-equal: nothing to learn from this step, and no NaN
-            print(f"step {step}: every sampled group had equal rewards; no update", flush=True)
+        if batch is None:  # every group all-equal: nothing to learn from this step, and no NaN
+            print(f"step {step + 1}: every sampled group had equal rewards; no update", flush=True)
             logger.log({"step": step + 1, **stats})
             continue
-        batch = cat_rollouts(parts)
-        ids, offsets, full_mask, P = batch["ids"], batch["offsets"], batch["response_mask"], batch["prompt_len"]
-        mask = full_mask[:, P:].float()  # (N, L) response tokens incl. EOS
-        old_logp = batch["logps"]  # (N, L) sampler log-probs = old policy, nothing recomputed
-        ref_logp = None
-        if hp.get("beta"):  # the reference runs only when the loss has a KL term (SPEC §9.7)
-            with torch.no_grad():
-                ref_logp, _ = policy_logps(ref, ids, offsets, full_mask, P, cfg.temperature)
-        adv, extra = advantages(cfg, batch, hp, ref_logp)
-
-        # ---- updates: ppo_epochs x minibatches; each optimizer step normalises by its own batch
-        N = ids.size(0)
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_iters))
-        for g in opt.param_groups:
-            g["lr"] = lr
-        for epoch in range(cfg.ppo_epochs):
-            perm = torch.randperm(N, generator=gen) if cfg.minibatches > 1 else torch.arange(N)
-            for mb in perm.chunk(cfg.minibatches):
-                lp, logits = policy_logps(model, ids[mb], offsets[mb], full_mask[mb], P, cfg.temperature)
-                if "rl/logp_mismatch" not in stats:  # first update of a fresh rollout: ratio must be 1
-                    stats["rl/logp_mismatch"] = (lp.detach() - old_logp[mb]).abs().max().item()  # both 0 off the mask
-                    with torch.no_grad():
-                        stats["rl/entropy"] = L.masked_mean(L.token_entropy(logits, cfg.temperature), mask[mb]).item()
-                kw = {k: (v[mb] if torch.is_tensor(v) else v) for k, v in extra.items()}
-                loss, st = L.LOSSES[cfg.loss](lp, old_logp[mb], adv[mb], mask[mb],
-                                              ref_logp[mb] if ref_logp is not None else None, **hp, **kw)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                bad = nonfinite(loss, model)
-                if bad:
-                    raise UserError(f"step {step + 1}: non-finite {bad}; stopped, last good checkpoint kept at {ckpt_path}")
-                gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                opt.step()
+        try:
+            stats.update(update(model, ref, opt, batch, cfg, hp, gen, lr))
+        except FloatingPointError as e:
+            raise UserError(f"step {step + 1}: non-finite {e}; stopped, last good checkpoint kept at {ckpt_path}") from None
         t_step = time.time() - t0
-        stats.update({f"rl/{k}": float(v) for k, v in st.items()})
-        stats.update({"rl/loss": loss.item(), "rl/grad_norm": gnorm.item(), "rl/lr": lr,
-                      "rl/reward_mean": batch["reward"].mean().item(), "rl/accuracy": batch["correct"].mean().item(),
-                      "rl/resp_len": batch["length"].mean().item(),
-                      "rl/truncated_frac": 1 - batch["finished"].float().mean().item(),
-                      "rl/empty_frac": (batch["length"] <= 1).float().mean().item(),
-                      "perf/rollout_s": t_roll, "perf/step_s": t_step,
-                      "perf/rollout_tok_s": mask.sum().item() / max(t_roll, 1e-9)})
+        stats.update({"perf/rollout_s": t_roll, "perf/step_s": t_step, "perf/rollout_tok_s": stats["rl/n_tokens"] / t_roll})
         logger.log({"step": step + 1, **stats})
         print(f"step {step + 1:4d}/{cfg.max_iters} | reward {stats['rl/reward_mean']:.3f} acc {stats['rl/accuracy']:.3f} "
-              f"groups {n_groups} zero_std {stats['rl/zero_std_frac']:.2f} ent {stats['rl/entropy']:.3f} "
+              f"groups {stats['rl/n_groups']} zero_std {stats['rl/zero_std_frac']:.2f} ent {stats['rl/entropy']:.3f} "
               f"len {stats['rl/resp_len']:.2f} mismatch {stats['rl/logp_mismatch']:.1e} | {t_step:.2f}s "
               f"(rollout {t_roll:.2f}s) | {time.time() - t_start:.0f}s", flush=True)
         if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters:
             m = run_eval(step + 1)
+    print(f"held-out (test) greedy accuracy: {m0['eval/accuracy']:.4f} -> {m['eval/accuracy']:.4f} "
+          f"({100 * (m['eval/accuracy'] - m0['eval/accuracy']):+.1f} points) in {time.time() - t_start:.0f}s; "
+          f"pass@8 {m0['eval/pass@8']:.4f} -> {m['eval/pass@8']:.4f}; checkpoint {ckpt_path}", flush=True)
     logger.finish()
     return {"metrics": m, "model": model, "ref": ref}
 
 
 @torch.no_grad()
-def eval_kl(model, ref, tok, problems, cfg, gen, n=256):
+def eval_kl(model, ref, tok, problems, reverse, cfg, gen, n=256):
     """KL(policy || ref) on fresh policy samples for n test prompts (k3, mean over response tokens);
     logged at every eval for every loss, also when beta is 0."""
     idx = torch.randperm(len(problems), generator=gen)[:n].tolist()
-    out = generate(model, [tok.encode(problems[i][0]) for i in idx], cfg.max_new_tokens, tok.eos_id, tok.pad_id,
+    out = generate(model, encode_prompts(tok, [problems[i][0] for i in idx], reverse), cfg.max_new_tokens, tok.eos_id, tok.pad_id,
                    G=4, temperature=cfg.temperature, generator=gen)
     P, mask = out["prompt_len"], out["response_mask"][:, out["prompt_len"]:].float()
     ref_lp, _ = policy_logps(ref, out["ids"], out["offsets"], out["response_mask"], P, cfg.temperature)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from common import UserError, run_cli
+from common import UserError, encode_prompts, run_cli
 from data.tasks import parse_answer
 from model import generate, load_checkpoint, model_from_checkpoint
 from verify import exact_answer
@@ -67,7 +67,7 @@ def main(cfg):
     model, tok = model_from_checkpoint(ckpt, cfg.ckpt)
     reverse = ckpt["config"].get("reverse", False)
     problems = read_prompts(cfg, tok)
-    longest = max(len(tok.encode(p)) for p, _ in problems)
+    longest = max(len(p) for p in encode_prompts(tok, [p for p, _ in problems], reverse))
     if longest + cfg.max_new_tokens > model.config.block_size:
         raise UserError(f"a prompt of {longest} tokens + max_new_tokens={cfg.max_new_tokens} does not fit the "
                         f"context window of {model.config.block_size} tokens")
@@ -75,7 +75,7 @@ def main(cfg):
     correct = graded = 0
     for i in range(0, len(problems), cfg.batch_size):
         chunk = problems[i:i + cfg.batch_size]
-        out = generate(model, [tok.encode(p) for p, _ in chunk], cfg.max_new_tokens, tok.eos_id, tok.pad_id,
+        out = generate(model, encode_prompts(tok, [p for p, _ in chunk], reverse), cfg.max_new_tokens, tok.eos_id, tok.pad_id,
                        G=cfg.num_samples, temperature=cfg.temperature, top_k=cfg.top_k or None, generator=gen)
         P = out["prompt_len"]
         for row, (ids, m) in enumerate(zip(out["ids"][:, P:].tolist(), out["response_mask"][:, P:].tolist())):

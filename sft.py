@@ -20,7 +20,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from common import Logger, UserError, evaluate, print_config, run_cli
+from common import Logger, UserError, encode_prompts, evaluate, print_config, run_cli
 from data.tasks import ALPHABET, TASKS, ensure_data, format_answer, load_problems
 from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
 from tokenizer import CharTokenizer
@@ -29,7 +29,7 @@ from tokenizer import CharTokenizer
 @dataclass
 class Config:
     task: str = "mul"  # a name in data.tasks.TASKS
-    reverse: bool = True  # write answers least-significant digit first (learned much faster)
+    reverse: bool = True  # numbers least-significant digit first: 23*47=1081 is read as 32*74=1801
     out_dir: str = "out/sft-mul"
     seed: int = 1337
     # model
@@ -74,7 +74,8 @@ def lr_at(it, cfg):
 
 def encode_split(tok, problems, reverse, block_size, loss_on):
     """Tokenise [(prompt, answer)] -> x, y (N, T) and the loss mask on the targets (N, T)."""
-    rows = [(tok.encode(p), tok.encode(format_answer(a, reverse)) + [tok.eos_id]) for p, a in problems]
+    prompts = encode_prompts(tok, [p for p, _ in problems], reverse)
+    rows = [(p, tok.encode(format_answer(a, reverse)) + [tok.eos_id]) for p, (_, a) in zip(prompts, problems)]
     T = max(len(p) + len(r) for p, r in rows) - 1
     if T + 1 > block_size:
         raise UserError(f"problems of {T + 1} tokens do not fit block_size={block_size}")

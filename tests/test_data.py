@@ -19,11 +19,13 @@ def test_splits_are_disjoint_by_unordered_pair(task):
         assert f"{a}*{b}=" not in train_problems and f"{b}*{a}=" not in train_problems
 
 
-def test_mul_covers_every_pair_once():
+def test_mul_covers_every_pair_once_and_holds_out_only_two_digit_problems():
     s = split_pairs("mul")
-    n = sum(len(v) for v in s.values())
-    assert n == 90 * 91 // 2
-    assert abs(len(s["test"]) / n - 0.2) < 0.01
+    two_digit = [p for v in s.values() for p in v if min(p) >= 10]
+    assert len(two_digit) == len(set(two_digit)) == 90 * 91 // 2
+    assert abs(len(s["test"]) / len(two_digit) - 0.1) < 0.01
+    assert all(min(p) >= 10 for p in s["val"] + s["test"])  # the curriculum (7*46) is train-only
+    assert {(a, b) for a, b in s["train"] if a < 10} == {(a, b) for a in range(10) for b in range(a, 100)}
 
 
 def test_files_written_and_parsed(tmp_path):

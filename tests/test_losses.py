@@ -422,3 +422,15 @@ def test_kl_in_reward_reinforce_converges_to_the_regularised_optimum(p0, target)
         loss.backward()
         opt.step()
     assert torch.softmax(z, 0)[0].item() == pytest.approx(target, abs=0.02)
+
+
+def test_entropy_uses_the_tempered_distribution_once():
+    """SPEC §9.3: entropy of softmax(logits / T), per token; the mean over response tokens divides once."""
+    logits = torch.tensor([[[2.0, 0.0, -1.0], [0.5, 0.5, 0.0]]])
+    p = torch.softmax(logits / 0.7, -1)
+    want = -(p * p.log()).sum(-1)  # (1, 2) by hand
+    got = token_entropy(logits, temperature=0.7)
+    assert torch.allclose(got, want, atol=1e-6)
+    assert not torch.allclose(got, token_entropy(logits), atol=1e-3)  # temperature matters
+    mask = torch.tensor([[1.0, 1.0]])
+    assert masked_mean(got, mask).item() == pytest.approx(want.mean().item(), abs=1e-6)

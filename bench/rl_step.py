@@ -1,0 +1,78 @@
+"""
+Time GRPO steps of the default model: rollout vs update, median over steps after a warm-up.
+
+    python bench/rl_step.py [--threads=1] [--prompts_per_step=8] [--group_size=8] [--max_new_tokens=8]
+                            [--beta=0.04] [--steps=20] [--sft_ckpt=out/sft-mul/ckpt.pt]
+
+Uses the SFT checkpoint when it exists (realistic response lengths and rewards), else a freshly
+initialised default model. Runs the real rl.collect / rl.update. The last line is
+`median_step_s=<seconds>`, the number the speed work compares.
+"""
+import copy
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import losses as L  # noqa: E402
+import rl  # noqa: E402
+from common import load_config  # noqa: E402
+from data.tasks import ALPHABET, ensure_data, load_problems  # noqa: E402
+from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint  # noqa: E402
+from tokenizer import CharTokenizer  # noqa: E402
+
+
+@dataclass
+class Config:
+    threads: int = 1
+    prompts_per_step: int = 8
+    group_size: int = 8
+    max_new_tokens: int = 8
+    beta: float = 0.04
+    steps: int = 20
+    warmup: int = 3
+    sft_ckpt: str = "out/sft-mul/ckpt.pt"
+
+
+def main(b):
+    torch.set_num_threads(b.threads)
+    torch.manual_seed(0)
+    if os.path.exists(b.sft_ckpt):
+        ckpt = load_checkpoint(b.sft_ckpt)
+        model, tok = model_from_checkpoint(ckpt, b.sft_ckpt)
+        reverse, what = ckpt["config"].get("reverse", False), b.sft_ckpt
+    else:
+        tok = CharTokenizer(ALPHABET)
+        model, reverse, what = GPT(GPTConfig(vocab_size=tok.vocab_size)), True, "fresh default model"
+    cfg = rl.Config(loss="grpo", prompts_per_step=b.prompts_per_step, group_size=b.group_size,
+                    max_new_tokens=b.max_new_tokens, beta=b.beta, prompt_selection=False)
+    hp = L.resolve_hparams("grpo", beta=b.beta)
+    train = load_problems(ensure_data("mul") / "train.txt")
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    model.eval()
+    opt = model.configure_optimizer(1e-5, 0.0, (0.9, 0.99))
+    gen = torch.Generator().manual_seed(0)
+    prompts = rl.PromptSampler(len(train), torch.Generator().manual_seed(1), False)
+    roll, upd = [], []
+    for i in range(b.warmup + b.steps):
+        t0 = time.perf_counter()
+        batch, _ = rl.collect(model, tok, train, prompts, cfg, gen, reverse, dyn=False)
+        t1 = time.perf_counter()
+        rl.update(model, ref, opt, batch, cfg, hp, gen, lr=1e-5)
+        t2 = time.perf_counter()
+        if i >= b.warmup:
+            roll.append(t1 - t0)
+            upd.append(t2 - t1)
+    step = [r + u for r, u in zip(roll, upd)]
+    print(f"GRPO step, {what}, {b.threads} threads, {b.prompts_per_step} prompts x {b.group_size} samples, "
+          f"<= {b.max_new_tokens} new tokens, beta {b.beta}, median of {b.steps} steps")
+    print(f"rollout_s={statistics.median(roll):.4f} update_s={statistics.median(upd):.4f}")
+    print(f"median_step_s={statistics.median(step):.4f}")
+
+
+if __name__ == "__main__":
+    main(load_config(Config, sys.argv[1:]))
