@@ -26,8 +26,9 @@ from data.tasks import ensure_data, format_answer, load_problems
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 from verify import exact_answer, first_wrong_token, overlong_penalty
 
-# Rollout-side parts of an algorithm (the loss-side defaults live in losses.DEFAULTS).
-SAMPLING_DEFAULTS = {"dapo": dict(dynamic_sampling=True, overlong_window=2)}  # DAPO: Yu et al. 2025
+# DAPO's overlong shaping window (Yu et al. 2025), its one rollout-side default; the loss-side
+# defaults of every algorithm live in losses.DEFAULTS.
+OVERLONG_DEFAULT = {"dapo": 2}
 
 
 @dataclass
@@ -36,16 +37,16 @@ class Config:
     sft_ckpt: str = "out/sft-mul/ckpt.pt"
     out_dir: str = ""  # "" = out/rl-<loss>
     seed: int = 1337
-    max_iters: int = 200
+    max_iters: int = 300  # ~5 min on 2 CPU cores
     eval_interval: int = 25
     # rollouts
     prompts_per_step: int = 64
     group_size: int = 16  # G samples per prompt
     temperature: float = 1.0  # sampling temperature; the loss sees the same tempered distribution
     max_new_tokens: int = 8
-    dynamic_sampling: Optional[bool] = None  # drop all-equal groups, refill; None = the loss's default
+    dynamic_sampling: bool = True  # DAPO's: drop all-equal groups (no signal), refill with new prompts
     max_refills: int = 4  # extra rollout rounds per step to refill dropped groups
-    overlong_window: Optional[int] = None  # DAPO overlong shaping window in tokens, 0 = off; None = default
+    overlong_window: Optional[int] = None  # DAPO overlong shaping window in tokens, 0 = off; None = 2 for dapo
     prompt_selection: bool = True  # skip prompts whose group was all-right or all-wrong last epoch
     # optimisation
     lr: float = 2e-4
@@ -82,9 +83,8 @@ def check_config(cfg):
             raise UserError(f"{k} must be >= 0, got {getattr(cfg, k)}")
 
 
-def sampling_option(cfg, key):
-    val = getattr(cfg, key)
-    return val if val is not None else SAMPLING_DEFAULTS.get(cfg.loss, {}).get(key, {"dynamic_sampling": False, "overlong_window": 0}[key])
+def overlong_window(cfg):
+    return cfg.overlong_window if cfg.overlong_window is not None else OVERLONG_DEFAULT.get(cfg.loss, 0)
 
 
 class PromptSampler:
@@ -119,7 +119,7 @@ def rollout(model, tok, problems, idx, cfg, gen, reverse):
     prompts = encode_prompts(tok, [problems[i][0] for i in idx], reverse)
     out = generate(model, prompts, cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=cfg.group_size,
                    temperature=cfg.temperature, generator=gen)
-    P, window = out["prompt_len"], sampling_option(cfg, "overlong_window")
+    P, window = out["prompt_len"], overlong_window(cfg)
     correct, reward, first_wrong, lengths, finished = [], [], [], [], []
     for row, (ids, m) in enumerate(zip(out["ids"][:, P:].tolist(), out["response_mask"][:, P:].tolist())):
         gold = problems[idx[row // cfg.group_size]][1]
@@ -261,7 +261,7 @@ def main(cfg):
     task, reverse = ckpt["config"].get("task", "mul"), ckpt["config"].get("reverse", False)
     hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k) for k in ("beta", "eps_low", "eps_high", "kl_estimator")},
                            **({"max_new_tokens": cfg.max_new_tokens} if "max_new_tokens" in L.DEFAULTS[cfg.loss] else {}))
-    dyn, window = sampling_option(cfg, "dynamic_sampling"), sampling_option(cfg, "overlong_window")
+    dyn, window = cfg.dynamic_sampling, overlong_window(cfg)
     if cfg.loss in ("cliff", "gapo") and window > 0:
         raise UserError(f"{cfg.loss} needs binary rewards: overlong shaping must be off (--overlong_window=0)")
     print_config(cfg)
