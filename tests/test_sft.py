@@ -93,3 +93,11 @@ def test_bad_input_exits_with_one_line(sft_run, args, msg):
     assert r.returncode != 0
     assert msg in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_wandb_offline_run_writes_its_files(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    sft.main(sft.Config(max_iters=5, out_dir=str(tmp_path), wandb=True, **{**TINY, "eval_interval": 5, "eval_samples": 0}))
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and list(runs[0].glob("*.wandb"))  # the run's event log, ready for `wandb sync`
