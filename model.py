@@ -70,11 +70,12 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, nh, pos+T, hd)
-        # On CPU, attention runs in float64 and is rounded back: the cached decode (1 query) and the
-        # full forward (T queries) take different kernels whose fp32 rounding differs by ~1e-5 in
-        # log-probs; in float64 both round to the same fp32 numbers, so sampler and trainer
-        # log-probs agree to ~1e-6 (SPEC §3). Attention is a few % of the FLOPs at these lengths.
-        up = x.device.type == "cpu" and x.dtype == torch.float32
+        # In eval mode on CPU (rollouts, and every RL log-prob: policy, old, reference) attention
+        # runs in float64 and is rounded back: the cached decode (1 query) and the full forward
+        # (T queries) take different kernels whose fp32 rounding differs by ~1e-5 in log-probs; in
+        # float64 both round to the same fp32 numbers, so sampler and trainer log-probs agree to
+        # ~1e-6 (SPEC §3). It costs ~12% of a step, so SFT (train mode) keeps fp32.
+        up = not self.training and x.device.type == "cpu" and x.dtype == torch.float32
         y = F.scaled_dot_product_attention(*((t.double() for t in (q, k, v)) if up else (q, k, v)), attn_mask=mask,
                                            is_causal=mask is None and T > 1, dropout_p=self.dropout if self.training else 0.0)
         y = y.to(x.dtype).transpose(1, 2).contiguous().view(B, T, C)

@@ -50,7 +50,8 @@ class Config:
     grad_clip: float = 1.0  # 0 = off
     loss_on: str = "response"  # "response" (answer + EOS) or "all" tokens
     # evaluation
-    eval_interval: int = 250
+    eval_interval: int = 250  # full eval: val and test greedy accuracy, test pass@1 / pass@8
+    val_interval: int = 50  # with target_val_accuracy: a cheap val-only check this often
     eval_samples: int = 8  # samples per test problem for pass@1 / pass@8 (0 = greedy only)
     eval_temperature: float = 1.0  # the RL sampling temperature
     max_new_tokens: int = 8
@@ -127,15 +128,18 @@ def main(cfg):
     print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
     logger = Logger(cfg.out_dir, cfg)
 
-    def run_eval():
+    def run_eval(full):
+        """Val greedy accuracy; with full, also test greedy accuracy and sampled pass@1/pass@8."""
         model.eval()
         m, _ = evaluate(model, tok, val, cfg.reverse, cfg.max_new_tokens, prefix="val")
-        mt, examples = evaluate(model, tok, test, cfg.reverse, cfg.max_new_tokens, n_samples=cfg.eval_samples,
-                                temperature=cfg.eval_temperature, generator=eval_gen)
+        if full:
+            mt, examples = evaluate(model, tok, test, cfg.reverse, cfg.max_new_tokens, n_samples=cfg.eval_samples,
+                                    temperature=cfg.eval_temperature, generator=eval_gen)
+            m.update(mt)
+            m["eval/examples"] = examples
         model.train()
-        m.update(mt)
-        logger.log({"step": step, **m, "eval/examples": examples})
-        print(f"step {step:5d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if not k.endswith("/n")), flush=True)
+        logger.log({"step": step, **m})
+        print(f"step {step:5d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float)), flush=True)
         return m["val/accuracy"]
 
     def save(name, **extra):
@@ -147,13 +151,18 @@ def main(cfg):
     model.train()
     while True:
         last = step >= cfg.max_iters
-        if (step % cfg.eval_interval == 0 or last) and step != resumed_at:
-            acc = run_eval()
+        full = step % cfg.eval_interval == 0 or last
+        check = cfg.target_val_accuracy is not None and step % cfg.val_interval == 0
+        if (full or check) and step != resumed_at:
+            acc = run_eval(full)
+            reached = cfg.target_val_accuracy is not None and acc >= cfg.target_val_accuracy
+            if reached and not full:
+                run_eval(full=True)  # the run's last row always has the full held-out metrics
             if acc > best:
                 best = acc
                 save("best.pt")
             save("ckpt.pt")
-            if cfg.target_val_accuracy is not None and acc >= cfg.target_val_accuracy:
+            if reached:
                 print(f"val accuracy {acc:.4f} >= target_val_accuracy {cfg.target_val_accuracy}: stopping", flush=True)
                 break
         if last:

@@ -7,5 +7,6 @@ out_dir = "out/sft-mul"
 batch_size = 256
 lr = 1e-3
 max_iters = 3000
-eval_interval = 50
+eval_interval = 250
+val_interval = 50
 target_val_accuracy = 0.6
