@@ -47,7 +47,7 @@ class Config:
     dynamic_sampling: bool = True  # DAPO's: drop all-equal groups (no signal), refill with new prompts
     max_refills: int = 4  # extra rollout rounds per step to refill dropped groups
     overlong_window: Optional[int] = None  # DAPO overlong shaping window in tokens, 0 = off; None = 2 for dapo
-    prompt_selection: bool = True  # skip prompts whose group was all-right or all-wrong last epoch
+    prompt_selection: bool = True  # skip (once) prompts whose group was all-right or all-wrong last visit
     # optimisation
     lr: float = 2e-4
     warmup_iters: int = 10

@@ -48,6 +48,7 @@ class Config:
     beta1: float = 0.9
     beta2: float = 0.99
     grad_clip: float = 1.0  # 0 = off
+    bf16: Optional[bool] = None  # bf16 autocast of the training forward (fp32 weights and loss); None = if native
     loss_on: str = "response"  # "response" (answer + EOS) or "all" tokens
     # evaluation
     eval_interval: int = 250  # full eval: val and test greedy accuracy, test pass@1 / pass@8
@@ -125,7 +126,9 @@ def main(cfg):
         torch.set_rng_state(ckpt["rng"]["torch"])
         truncate_metrics(os.path.join(cfg.out_dir, "metrics.jsonl"), step)
         print(f"resumed from {ckpt_path} at step {step}", flush=True)
-    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters", flush=True)
+    # native bf16 matmuls (AVX512-BF16 / AMX) make a CPU step ~1.5x faster; elsewhere bf16 is emulated
+    use_bf16 = cfg.bf16 if cfg.bf16 is not None else torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, bf16 autocast {use_bf16}", flush=True)
     logger = Logger(cfg.out_dir, cfg)
 
     def run_eval(full):
@@ -171,7 +174,8 @@ def main(cfg):
         for g in opt.param_groups:
             g["lr"] = lr
         idx = torch.randint(len(x), (cfg.batch_size,), generator=gen)
-        logits = model(x[idx])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+            logits = model(x[idx])
         nll = F.cross_entropy(logits.flatten(0, 1).float(), y[idx].flatten(), reduction="none")
         loss = (nll * lmask[idx].flatten()).sum() / lmask[idx].sum()  # mean over target tokens
         if not torch.isfinite(loss):
