@@ -6,11 +6,13 @@ Reinforcement learning from the SFT checkpoint with verifiable rewards, any loss
 
 One step: pick train prompts -> G samples each with the KV-cache sampler -> binary exact-match
 rewards (verify.py) -> advantages (the loss's kind) -> reference log-probs (only when a KL term
-needs them, or at eval steps for the logged KL) -> `ppo_epochs` x `minibatches` clipped updates.
+needs them) -> `ppo_epochs` x `minibatches` clipped updates. Dynamic sampling (on by default) drops
+groups whose rewards are all equal and refills the batch with new prompts.
 The sampler's log-probs are the old log-probs (same tempered distribution, dropout off), so nothing
 is recomputed; `rl/logp_mismatch` checks that the trainer agrees at the first update.
 Held-out eval (test greedy accuracy, pass@1, pass@8; val accuracy picks best.pt) at step 0, every
-`eval_interval` and at the end. Writes out_dir/{ckpt.pt,best.pt,metrics.jsonl}.
+`eval_interval` and at the end, with KL to the reference on fresh samples for every loss.
+Writes out_dir/{ckpt.pt,best.pt,metrics.jsonl}.
 """
 import copy
 import os
