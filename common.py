@@ -113,24 +113,19 @@ class Logger:
     """Appends one JSON object per event to out_dir/metrics.jsonl, mirrors it to wandb if enabled.
     A wandb failure is reported once and never stops training."""
 
-    def __init__(self, out_dir, cfg, enabled=True):
-        self.enabled = enabled
+    def __init__(self, out_dir, cfg):
+        os.makedirs(out_dir, exist_ok=True)
         self.path = os.path.join(out_dir, "metrics.jsonl")
         self.wandb = None
-        if enabled:
-            os.makedirs(out_dir, exist_ok=True)
-        if enabled and getattr(cfg, "wandb", False):
+        if cfg.wandb:
             try:
                 import wandb
                 self.wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None,
-                                        group=getattr(cfg, "wandb_group", None) or None,
                                         config=asdict(cfg), dir=out_dir)
             except Exception as e:
                 print(f"warning: wandb disabled ({e.__class__.__name__}: {e})", flush=True)
 
     def log(self, metrics):
-        if not self.enabled:
-            return
         with open(self.path, "a") as f:
             f.write(json.dumps(metrics) + "\n")
         if self.wandb is not None:
