@@ -194,8 +194,13 @@ def score_samples(tok, out, gold, reverse):
     res = []
     for ids, m, g in zip(out["ids"][:, P:].tolist(), out["response_mask"][:, P:].tolist(), gold):
         ids = ids[:sum(m)]
-        finished = len(ids) > 0 and ids[-1] == tok.eos_id
-        text = tok.decode(ids)
-        res.append((exact_answer(text, g, reverse=reverse) if finished else 0.0, parse_answer(text, reverse)))
+        res.append((grade(tok, ids, g, reverse), parse_answer(tok.decode(ids), reverse)))
     return res
+
+
+def grade(tok, ids, gold, reverse, verifier=exact_answer):
+    """Reward of one response (its sampled token ids): the verifier's score if it emitted EOS,
+    0 for a truncated response whatever its text."""
+    finished = len(ids) > 0 and ids[-1] == tok.eos_id
+    return verifier(tok.decode(ids), gold, reverse=reverse) if finished else 0.0
 

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 
 import losses as L
-from common import Logger, UserError, encode_prompts, evaluate, print_config, run_cli
+from common import Logger, UserError, encode_prompts, evaluate, grade, print_config, run_cli
 from data.tasks import ensure_data, format_answer, load_problems
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 from verify import exact_answer, first_wrong_token, overlong_penalty
@@ -127,7 +127,7 @@ def rollout(model, tok, problems, idx, cfg, gen, reverse):
         gold = problems[idx[row // cfg.group_size]][1]
         ids = ids[:sum(m)]
         done = len(ids) > 0 and ids[-1] == tok.eos_id
-        c = exact_answer(tok.decode(ids), gold, reverse=reverse) if done else 0.0  # truncated -> 0
+        c = grade(tok, ids, gold, reverse, exact_answer)  # truncated -> 0
         correct.append(c)
         reward.append(c + (overlong_penalty(len(ids), cfg.max_new_tokens, window) if window > 0 else 0.0))
         fw = first_wrong_token(ids, tok.encode(format_answer(gold, reverse)) + [tok.eos_id])

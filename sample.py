@@ -14,10 +14,9 @@ from pathlib import Path
 
 import torch
 
-from common import UserError, encode_prompts, run_cli
+from common import UserError, encode_prompts, grade, run_cli
 from data.tasks import parse_answer
 from model import generate, load_checkpoint, model_from_checkpoint
-from verify import exact_answer
 
 
 @dataclass
@@ -85,7 +84,7 @@ def main(cfg):
             print(prompt + parse_answer(text, reverse))
             if gold is not None:
                 graded += 1
-                correct += exact_answer(text, gold, reverse=reverse) if ids and ids[-1] == tok.eos_id else 0.0
+                correct += grade(tok, ids, gold, reverse)
     if graded:
         import sys
         print(f"accuracy {correct / graded:.4f} ({int(correct)}/{graded})", file=sys.stderr)
