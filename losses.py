@@ -180,6 +180,8 @@ DEFAULTS = {  # the papers' values, kept only here; None = off (clip_c) or must 
     "pnpo": dict(eps_low=7e-4, eps_high=9.5e-4, beta=0.0, kl_estimator="k3"),
 }
 DEFAULTS["cliff"] = dict(DEFAULTS["grpo"])
+DEFAULTS.update(dpo=dict(beta=0.1, kind="sigmoid", label_smoothing=0.0), ipo=dict(beta=0.1, kind="ipo"),
+                kto=dict(beta=0.1, lambda_d=1.0, lambda_u=1.0))  # preference losses (PREF_LOSSES)
 # group_advantages kind of each loss (SPEC §5); cliff builds token advantages with cliff_advantages
 ADVANTAGE_KIND = {"reinforce": "mean", "rloo": "rloo", "dr_grpo": "mean", "gapo": "mean"}  # others: "std"
 
@@ -373,3 +375,45 @@ def pnpo(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, *
 
 LOSSES = dict(reinforce=reinforce, rloo=rloo, grpo=grpo, dr_grpo=dr_grpo, dapo=dapo, gspo=gspo,
               sapo=sapo, cispo=cispo, gapo=gapo, pnpo=pnpo, cliff=cliff)
+
+
+# ----------------------------------------------------------------------------- preference losses
+# Inputs are sequence sums of response log-probs (B,): the policy's with grad, the frozen reference's
+# without. Both losses are means over the batch (pairs for DPO/IPO, labelled answers for KTO).
+
+def dpo_loss(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta=0.1, kind="sigmoid", label_smoothing=0.0):
+    """DPO (Rafailov et al. 2023) on the log-ratio margin m = (pi_c - ref_c) - (pi_r - ref_r):
+      sigmoid: -(1-eps) log sigmoid(beta*m) - eps log sigmoid(-beta*m); eps = label_smoothing
+               (conservative DPO, Mitchell 2023: optimum at beta*m = logit(1-eps); eps 0 = plain DPO)
+      ipo:     (m - 1/(2*beta))^2 (IPO, Azar et al. 2023: optimum at m = 1/(2*beta)).
+    Mean over pairs. Stats: implicit rewards beta*(pi - ref) of chosen/rejected, beta*m, and the
+    fraction of pairs whose chosen reward is higher."""
+    chosen, rejected = pi_chosen - ref_chosen, pi_rejected - ref_rejected  # (B,) log-ratios
+    m = chosen - rejected                                                   # (B,)
+    if kind == "sigmoid":
+        per_pair = -(1 - label_smoothing) * F.logsigmoid(beta * m) - label_smoothing * F.logsigmoid(-beta * m)
+    elif kind == "ipo":
+        per_pair = (m - 1 / (2 * beta)) ** 2
+    else:
+        raise ValueError(f"unknown DPO kind {kind!r}; valid: sigmoid, ipo")
+    stats = {"chosen_reward": (beta * chosen).mean().detach(), "rejected_reward": (beta * rejected).mean().detach(),
+             "margin": (beta * m).mean().detach(), "pair_accuracy": (m > 0).float().mean()}
+    return per_pair.mean(), stats
+
+
+def kto_loss(pi_logp, ref_logp, desirable, pi_mismatch, ref_mismatch, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+    """KTO (Ethayarajh et al. 2024). r = pi - ref per answer (B,); the reference point
+    z = max(0, mean_j(pi_mismatch_j - ref_mismatch_j)) over mismatched pairs (x_i, y_j), j != i,
+    detached; desirable answers lose lambda_d*(1 - sigmoid(beta*(r - z))), undesirable ones
+    lambda_u*(1 - sigmoid(beta*(z - r))). Mean over the batch (B answers)."""
+    r = pi_logp - ref_logp                                                  # (B,)
+    z = (pi_mismatch - ref_mismatch).mean().clamp_min(0).detach()           # () reference point
+    d = desirable.bool()
+    per = torch.where(d, lambda_d * (1 - torch.sigmoid(beta * (r - z))), lambda_u * (1 - torch.sigmoid(beta * (z - r))))
+    rew = (beta * r).detach()
+    stats = {"z": z, "desirable_reward": rew[d].mean() if d.any() else torch.tensor(0.0),
+             "undesirable_reward": rew[~d].mean() if (~d).any() else torch.tensor(0.0)}
+    return per.mean(), stats
+
+
+PREF_LOSSES = dict(dpo=dpo_loss, ipo=dpo_loss, kto=kto_loss)  # DEFAULTS[name]["kind"] picks DPO or IPO

@@ -3,6 +3,7 @@ Reinforcement learning from the SFT checkpoint with verifiable rewards, any loss
 
     python rl.py --loss=grpo          # or dapo, dr_grpo, gspo, sapo, cispo, gapo, pnpo, cliff, reinforce, rloo
     python rl.py --loss=dapo --lr=1e-4 --group_size=8 --max_iters=50
+    python rl.py --loss=dpo           # or ipo, kto: preference optimisation; --pairs=online samples them
 
 One step: pick train prompts -> G samples each with the KV-cache sampler -> binary exact-match
 rewards (verify.py) -> advantages (the loss's kind) -> reference log-probs (only when a KL term
@@ -13,6 +14,12 @@ is recomputed; `rl/logp_mismatch` checks that the trainer agrees at the first up
 Held-out eval (test greedy accuracy, pass@1, pass@8; val accuracy picks best.pt) at step 0, every
 `eval_interval` and at the end, with KL to the reference on fresh samples for every loss.
 Writes out_dir/{ckpt.pt,best.pt,metrics.jsonl}.
+
+Preference losses (losses.PREF_LOSSES: dpo, ipo, kto) take the same eval, checkpoint and logging
+path. `--pairs=offline` reads data/<task>/pairs_train.jsonl (kto: kto_train.jsonl), prompts_per_step
+pairs (kto: 2x that many labelled answers) per step; `--pairs=online` samples G answers per train
+prompt from the current policy and pairs a verified-correct with a verified-wrong one (prompts
+without both are dropped, counted in rl/zero_std_frac, and refilled like dynamic sampling).
 """
 import copy
 import os
@@ -24,7 +31,7 @@ import torch
 
 import losses as L
 from common import Logger, UserError, encode_prompts, evaluate, grade, print_config, run_cli
-from data.tasks import ensure_data, format_answer, load_problems
+from data.tasks import ensure_data, format_answer, load_problems, load_records
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 from verify import exact_answer, first_wrong_token, overlong_penalty
 
@@ -35,7 +42,8 @@ OVERLONG_DEFAULT = {"dapo": 2}
 
 @dataclass
 class Config:
-    loss: str = "grpo"  # a name in losses.LOSSES
+    loss: str = "grpo"  # a name in losses.LOSSES or losses.PREF_LOSSES
+    pairs: str = "offline"  # preference losses: "offline" (data/ files) or "online" (from policy samples)
     sft_ckpt: str = "out/sft-mul/ckpt.pt"
     out_dir: str = ""  # "" = out/rl-<loss>
     seed: int = 1337
@@ -62,6 +70,9 @@ class Config:
     eps_low: Optional[float] = None
     eps_high: Optional[float] = None
     kl_estimator: Optional[str] = None
+    label_smoothing: Optional[float] = None  # dpo (conservative DPO)
+    lambda_d: Optional[float] = None  # kto: weight of desirable answers
+    lambda_u: Optional[float] = None  # kto: weight of undesirable answers
     # eval / io
     eval_samples: int = 8  # samples per test problem for pass@1 / pass@8
     threads: int = 0
@@ -72,8 +83,11 @@ class Config:
 
 def check_config(cfg):
     """Reject bad values before any work starts."""
-    if cfg.loss not in L.LOSSES:
-        raise UserError(f"unknown loss {cfg.loss!r}; valid: {', '.join(sorted(L.LOSSES))}")
+    if cfg.loss not in L.LOSSES and cfg.loss not in L.PREF_LOSSES:
+        raise UserError(f"unknown loss {cfg.loss!r}; valid: {', '.join(sorted(L.LOSSES))} "
+                        f"(preference: {', '.join(sorted(L.PREF_LOSSES))})")
+    if cfg.pairs not in ("offline", "online"):
+        raise UserError(f"pairs must be 'offline' or 'online', got {cfg.pairs!r}")
     if cfg.lr <= 0 or cfg.max_iters < 0 or cfg.max_new_tokens < 1 or cfg.prompts_per_step < 1:
         raise UserError("lr must be > 0, max_iters >= 0, max_new_tokens >= 1, prompts_per_step >= 1")
     if cfg.group_size < 2:
@@ -255,16 +269,94 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     return stats
 
 
+# ----------------------------------------------------------------------------- preference losses
+
+def pack(rows, pad_id):
+    """[(prompt ids, response ids)] -> ids (N, T) right-padded, each row from position 0 as in SFT,
+    and the response mask (N, T), 1 on the response tokens."""
+    T = max(len(p) + len(r) for p, r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, (p, r) in enumerate(rows):
+        ids[i, :len(p) + len(r)] = torch.tensor(p + r)
+        mask[i, len(p):len(p) + len(r)] = 1
+    return ids, mask
+
+
+def seq_logps(model, rows, pad_id):
+    """(N,) sum of the response tokens' log-probs of each (prompt ids, response ids) row."""
+    ids, mask = pack(rows, pad_id)
+    lp, m = L.response_logps(model(ids), ids, mask)
+    return L.masked_sum(lp, m, dim=1)
+
+
+def record_rows(tok, recs, reverse):
+    """Offline JSONL records -> (rows, labels): DPO pairs give chosen rows then rejected rows (labels
+    None); KTO records give one row each and their desirable labels (N,)."""
+    def row(prompt, answer):
+        return encode_prompts(tok, [prompt], reverse)[0], tok.encode(format_answer(answer, reverse)) + [tok.eos_id]
+    if "label" in recs[0]:
+        return [row(r["prompt"], r["completion"]) for r in recs], torch.tensor([r["label"] for r in recs])
+    return [row(r["prompt"], r["chosen"]) for r in recs] + [row(r["prompt"], r["rejected"]) for r in recs], None
+
+
+def online_rows(batch, G):
+    """One (correct, wrong) pair per group of a rollout whose groups all hold both -> chosen rows
+    then rejected rows, as (prompt ids, sampled response ids incl. EOS)."""
+    P, correct = batch["prompt_len"], batch["correct"].view(-1, G)  # (groups, G)
+    chosen, rejected = [], []
+    for g in range(correct.size(0)):
+        for dst, i in ((chosen, int(correct[g].argmax())), (rejected, int(correct[g].argmin()))):
+            r = g * G + i
+            resp = batch["ids"][r, P:][batch["response_mask"][r, P:].bool()]
+            dst.append((batch["ids"][r, int(batch["offsets"][r]):P].tolist(), resp.tolist()))
+    return chosen + rejected
+
+
+def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
+    """One optimizer step of DPO / IPO (rows: n chosen then n rejected) or KTO (rows with labels;
+    the mismatched pairs for z put answer i+1 after prompt i). Raises FloatingPointError on NaN."""
+    with torch.no_grad():
+        ref_lp = seq_logps(ref, rows, tok.pad_id)  # (N,) computed once, no grad
+        if cfg.loss == "kto":
+            mismatched = [(p, rows[(i + 1) % len(rows)][1]) for i, (p, _) in enumerate(rows)]
+            pi_mis, ref_mis = seq_logps(model, mismatched, tok.pad_id), seq_logps(ref, mismatched, tok.pad_id)
+    pi = seq_logps(model, rows, tok.pad_id)  # (N,)
+    if cfg.loss == "kto":
+        loss, st = L.PREF_LOSSES["kto"](pi, ref_lp, labels, pi_mis, ref_mis, **hp)
+    else:
+        n = len(rows) // 2
+        loss, st = L.PREF_LOSSES[cfg.loss](pi[:n], pi[n:], ref_lp[:n], ref_lp[n:], **hp)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    bad = nonfinite(loss, model)
+    if bad:
+        raise FloatingPointError(bad)
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    opt.step()
+    with torch.no_grad():
+        kl = (pi - ref_lp).mean().item()  # sequence log-ratio on the batch's answers
+    return {**{f"rl/{k}": float(v) for k, v in st.items()}, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(),
+            "rl/lr": lr, "rl/log_ratio": kl, "rl/n_seqs": len(rows)}
+
+
 def main(cfg):
     check_config(cfg)
     out_dir = cfg.out_dir or f"out/rl-{cfg.loss}"
     ckpt = load_checkpoint(cfg.sft_ckpt, hint="make one with: python sft.py configs/mul.py")
     model, tok = model_from_checkpoint(ckpt, cfg.sft_ckpt)
     task, reverse = ckpt["config"].get("task", "mul"), ckpt["config"].get("reverse", False)
-    hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k) for k in ("beta", "eps_low", "eps_high", "kl_estimator")},
-                           **({"max_new_tokens": cfg.max_new_tokens} if "max_new_tokens" in L.DEFAULTS[cfg.loss] else {}))
+    knobs = ("beta", "eps_low", "eps_high", "kl_estimator", "label_smoothing", "lambda_d", "lambda_u")
+    try:
+        hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k) for k in knobs},
+                               **({"max_new_tokens": cfg.max_new_tokens} if "max_new_tokens" in L.DEFAULTS[cfg.loss] else {}))
+    except ValueError as e:
+        raise UserError(str(e)) from None
+    pref = cfg.loss in L.PREF_LOSSES
     dyn, window = cfg.dynamic_sampling, overlong_window(cfg)
-    if cfg.loss in ("cliff", "gapo") and window > 0:
+    if (cfg.loss in ("cliff", "gapo") or pref) and window > 0:
         raise UserError(f"{cfg.loss} needs binary rewards: overlong shaping must be off (--overlong_window=0)")
     print_config(cfg)
     print(f"resolved: loss={cfg.loss} {hp} dynamic_sampling={dyn} overlong_window={window} out_dir={out_dir}", flush=True)
@@ -282,6 +374,10 @@ def main(cfg):
     gen = torch.Generator().manual_seed(cfg.seed)  # rollouts
     eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
     prompts = PromptSampler(len(train), torch.Generator().manual_seed(cfg.seed + 2), cfg.prompt_selection)
+    if pref and cfg.pairs == "offline":
+        kind = "kto" if cfg.loss == "kto" else "pairs"
+        recs = load_records(root / f"{kind}_train.jsonl", kind)
+        records = PromptSampler(len(recs), torch.Generator().manual_seed(cfg.seed + 2), selection=False)
     logger = Logger(out_dir, cfg)
     logger.log({"step": 0, **{f"hparams/{k}": v for k, v in hp.items() if v is not None},
                 "hparams/dynamic_sampling": dyn, "hparams/overlong_window": window})
@@ -302,37 +398,47 @@ def main(cfg):
             save("best.pt", step)
         save("ckpt.pt", step)
         logger.log({"step": step, **m, "eval/examples": examples})
-        print(f"step {step:4d} | eval test acc {m['eval/accuracy']:.4f} pass@1 {m['eval/pass@1']:.4f} "
-              f"pass@8 {m['eval/pass@8']:.4f} val {m['val/accuracy']:.4f} kl {m['eval/kl']:.4f} "
-              f"| {time.time() - t_start:.0f}s", flush=True)
+        print(f"step {step:4d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float))
+              + f" | {time.time() - t_start:.0f}s", flush=True)
         return m
 
     m = m0 = run_eval(0)
     for step in range(cfg.max_iters):
         t0 = time.time()
-        batch, stats = collect(model, tok, train, prompts, cfg, gen, reverse, dyn)
-        t_roll = time.time() - t0
-        if batch is None:  # every group all-equal: nothing to learn from this step, and no NaN
-            print(f"step {step + 1}: every sampled group had equal rewards; no update", flush=True)
-            logger.log({"step": step + 1, **stats})
-            continue
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_iters))
+        if pref and cfg.pairs == "offline":
+            n = cfg.prompts_per_step * (2 if cfg.loss == "kto" else 1)
+            (rows, labels), batch, stats = record_rows(tok, [recs[i] for i in records.take(n)], reverse), None, {}
+        else:  # preference losses online: only groups holding a right and a wrong answer are kept
+            batch, stats = collect(model, tok, train, prompts, cfg, gen, reverse, dyn or pref)
+            if batch is None:  # every group all-equal: nothing to learn from this step, and no NaN
+                print(f"step {step + 1}: every sampled group had equal rewards; no update", flush=True)
+                logger.log({"step": step + 1, **stats})
+                continue
+            if pref:
+                rows = online_rows(batch, cfg.group_size)
+                labels = torch.arange(len(rows)) < len(rows) // 2  # kto: the correct half is desirable
+        t_roll = time.time() - t0
         try:
-            stats.update(update(model, ref, opt, batch, cfg, hp, gen, lr))
+            stats.update(pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr) if pref
+                         else update(model, ref, opt, batch, cfg, hp, gen, lr))
         except FloatingPointError as e:
             raise UserError(f"step {step + 1}: non-finite {e}; stopped, last good checkpoint kept at {ckpt_path}") from None
         t_step = time.time() - t0
-        stats.update({"perf/rollout_s": t_roll, "perf/step_s": t_step, "perf/rollout_tok_s": stats["rl/n_tokens"] / t_roll})
+        stats.update({"perf/rollout_s": t_roll, "perf/step_s": t_step})
+        if batch is not None:
+            stats["perf/rollout_tok_s"] = batch["length"].sum().item() / t_roll
         logger.log({"step": step + 1, **stats})
-        print(f"step {step + 1:4d}/{cfg.max_iters} | reward {stats['rl/reward_mean']:.3f} acc {stats['rl/accuracy']:.3f} "
-              f"groups {stats['rl/n_groups']} zero_std {stats['rl/zero_std_frac']:.2f} ent {stats['rl/entropy']:.3f} "
-              f"len {stats['rl/resp_len']:.2f} mismatch {stats['rl/logp_mismatch']:.1e} | {t_step:.2f}s "
-              f"(rollout {t_roll:.2f}s) | {time.time() - t_start:.0f}s", flush=True)
+        show = ("loss", "margin", "pair_accuracy", "z", "log_ratio", "zero_std_frac") if pref else \
+            ("reward_mean", "accuracy", "n_groups", "zero_std_frac", "entropy", "resp_len", "logp_mismatch")
+        print(f"step {step + 1:4d}/{cfg.max_iters} | " + " ".join(f"{k} {stats['rl/' + k]:.4g}" for k in show if 'rl/' + k in stats)
+              + f" | {t_step:.2f}s (rollout {t_roll:.2f}s) | {time.time() - t_start:.0f}s", flush=True)
         if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters:
             m = run_eval(step + 1)
     print(f"held-out (test) greedy accuracy: {m0['eval/accuracy']:.4f} -> {m['eval/accuracy']:.4f} "
           f"({100 * (m['eval/accuracy'] - m0['eval/accuracy']):+.1f} points) in {time.time() - t_start:.0f}s; "
-          f"pass@8 {m0['eval/pass@8']:.4f} -> {m['eval/pass@8']:.4f}; checkpoint {ckpt_path}", flush=True)
+          + (f"pass@8 {m0['eval/pass@8']:.4f} -> {m['eval/pass@8']:.4f}; " if cfg.eval_samples else "")
+          + f"checkpoint {ckpt_path}", flush=True)
     logger.finish()
     return {"metrics": m, "model": model, "ref": ref}
 

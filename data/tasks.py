@@ -175,6 +175,41 @@ def load_problems(path, alphabet=ALPHABET):
     return out
 
 
+RECORD_FIELDS = {"pairs": {"prompt": str, "chosen": str, "rejected": str},  # SPEC §2; "kind" optional
+                 "kto": {"prompt": str, "completion": str, "label": bool}}
+
+
+def load_records(path, kind, alphabet=ALPHABET):
+    """Read preference pairs (kind "pairs") or KTO labels ("kto") from JSONL -> [dict]. Bad JSON, a
+    missing or mistyped field, a character outside the alphabet, or an empty file is an error
+    naming the file and line."""
+    fields = RECORD_FIELDS[kind]
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except (OSError, UnicodeDecodeError) as e:
+        raise DataError(f"{path}: cannot read {kind} file ({e.__class__.__name__}: {e})") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}:{n}: not valid JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{path}:{n}: expected a JSON object with fields {sorted(fields)}")
+        for k, typ in fields.items():
+            if not isinstance(rec.get(k), typ):
+                raise DataError(f"{path}:{n}: field {k!r} missing or not a {typ.__name__} (fields: {sorted(fields)})")
+            bad = next((c for c in rec[k] if c not in alphabet), None) if typ is str else None
+            if bad is not None:
+                raise DataError(f"{path}:{n}: field {k!r} has character {bad!r}, not in the task alphabet {alphabet!r}")
+        out.append(rec)
+    if not out:
+        raise DataError(f"{path}: no {kind} records in file")
+    return out
+
+
 if __name__ == "__main__":
     task = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--task=")), "mul")
     print(ensure_data(task))

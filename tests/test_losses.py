@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from losses import (DEFAULTS, LOSSES, clip_objective, cliff_advantages, gae, gapo_eps_high,
+from losses import (DEFAULTS, LOSSES, PREF_LOSSES, clip_objective, cliff_advantages, gae, gapo_eps_high,
                     group_advantages, kl_estimate, kl_in_reward, masked_mean, masked_sum,
                     resolve_hparams, response_logps, sequence_ratio, token_entropy)
 
@@ -383,7 +383,7 @@ def test_resolve_hparams():
     assert resolve_hparams("reinforce", eps_low=None) == dict(beta=0.0)  # None for a knob it lacks: ignored
     assert (resolve_hparams("sapo")["tau_neg"], resolve_hparams("cispo")["eps_max"]) == (1.05, 5.0)
     assert resolve_hparams("cliff") == resolve_hparams("grpo")
-    assert set(LOSSES) == set(DEFAULTS)
+    assert set(LOSSES) | set(PREF_LOSSES) == set(DEFAULTS) and not set(LOSSES) & set(PREF_LOSSES)
     with pytest.raises(ValueError, match="eps_lo\\b.*eps_low"):
         resolve_hparams("grpo", eps_lo=0.1)
     with pytest.raises(ValueError, match="'ppo2'.*grpo.*dapo"):

@@ -1,0 +1,150 @@
+"""Preference losses (SPEC §6): reference numbers, the DPO gradient at policy == reference, closed-form
+optima on a tabular toy, KTO's reference point z, the pairs/KTO JSONL loader and rl.py end to end."""
+import json
+import math
+
+import pytest
+import torch
+
+import losses as L
+import rl
+from data.tasks import DataError, load_records
+
+from test_rl import run, sft_ckpt  # noqa: F401 (the tiny SFT checkpoint fixture)
+
+LOG = lambda *p: torch.log(torch.tensor(p))  # noqa: E731
+
+
+def test_dpo_reference_numbers():
+    loss, _ = L.dpo_loss(LOG(.5), LOG(.1), LOG(.25), LOG(.25), beta=1.0)
+    assert loss.item() == pytest.approx(0.182322, abs=1e-6)  # -log 5/6
+    m = torch.zeros(1, requires_grad=True)
+    loss, stats = L.dpo_loss(m, torch.zeros(1), torch.zeros(1), torch.zeros(1), beta=0.1)
+    assert loss.item() == pytest.approx(math.log(2), abs=1e-7)
+    loss.backward()
+    assert -m.grad.item() == pytest.approx(0.05, abs=1e-7)  # -dL/dm = beta * sigmoid(0)
+    assert float(stats["margin"]) == 0 and float(stats["pair_accuracy"]) == 0
+    ipo, _ = L.dpo_loss(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.zeros(1), beta=0.1, kind="ipo")
+    assert ipo.item() == pytest.approx(25.0)  # (0 - 1/(2*0.1))^2
+    with pytest.raises(ValueError, match="unknown DPO kind"):
+        L.dpo_loss(m, m, m, m, kind="hinge")
+
+
+def test_kto_reference_numbers():
+    args = (torch.tensor([-3.0, -5.0]), torch.tensor([-3.5, -4.0]), torch.tensor([1, 0]),
+            torch.tensor([-6.0, -7.0]), torch.tensor([-6.5, -7.2]))
+    loss, stats = L.kto_loss(*args, beta=0.1)
+    assert loss.item() == pytest.approx(0.481276, abs=1e-6)
+    assert float(stats["z"]) == pytest.approx(0.35)  # mean(0.5, 0.2), clamped at 0 from below
+    assert L.kto_loss(*args, beta=1.0)[0].item() == pytest.approx(0.334220, abs=1e-6)
+
+
+def test_dpo_gradient_at_reference_is_half_beta_times_logprob_gradient_difference():
+    """With policy == reference: -grad L = beta*sigmoid(0)*(grad pi_chosen - grad pi_rejected)."""
+    torch.manual_seed(0)
+    w = torch.randn(3, 5, requires_grad=True)
+    x = torch.randn(4, 5)
+
+    def logps(w):
+        lp = torch.log_softmax(x @ w.T, -1)  # (4, 3)
+        return lp[:2, 0] + lp[2:, 1], lp[:2, 2] + lp[2:, 0]  # (2,) chosen / rejected sequence sums
+
+    pc, pr = logps(w)
+    loss, _ = L.dpo_loss(pc, pr, pc.detach(), pr.detach(), beta=0.1)
+    g = torch.autograd.grad(loss, w, retain_graph=True)[0]
+    gc = torch.autograd.grad(pc.mean(), w, retain_graph=True)[0]
+    gr = torch.autograd.grad(pr.mean(), w)[0]
+    torch.testing.assert_close(-g, 0.1 * 0.5 * (gc - gr), atol=1e-7, rtol=1e-6)
+
+
+def _tabular(kind, beta, steps=3000, **kw):
+    """One prompt, a softmax over 4 answers, reference uniform; chosen = answer 0, rejected = 1."""
+    theta = torch.zeros(4, requires_grad=True)
+    ref = torch.log(torch.full((4,), 0.25))
+    opt = torch.optim.Adam([theta], lr=0.05)
+    for _ in range(steps):
+        lp = torch.log_softmax(theta, 0)
+        loss, _ = L.dpo_loss(lp[:1], lp[1:2], ref[:1], ref[1:2], beta=beta, kind=kind, **kw)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    lp = torch.log_softmax(theta.detach(), 0)
+    return ((lp[0] - ref[0]) - (lp[1] - ref[1])).item()
+
+
+def test_conservative_dpo_and_ipo_reach_their_closed_form_margins():
+    m = _tabular("sigmoid", 0.1, label_smoothing=0.1)
+    assert m == pytest.approx(math.log(0.9 / 0.1) / 0.1, abs=0.05)  # beta*m = logit(1-eps): m = 21.97
+    assert _tabular("ipo", 0.1) == pytest.approx(1 / (2 * 0.1), abs=0.01)  # m = 1/(2 beta) = 5
+
+
+def test_kto_moves_desirable_up_undesirable_down_with_hand_computed_z():
+    """Two prompts, a tabular softmax over 3 answers each. Batch: (x0, a0) desirable, (x1, a1)
+    undesirable; mismatched pairs (x0, a1) and (x1, a0) as rl.py builds them (answer i+1 after prompt i)."""
+    theta = torch.zeros(2, 3, requires_grad=True)
+    ref = torch.log_softmax(torch.zeros(2, 3), 1)
+    opt = torch.optim.SGD([theta], lr=1.0)
+    for _ in range(100):
+        lp = torch.log_softmax(theta, 1)
+        pi, rf = torch.stack([lp[0, 0], lp[1, 1]]), torch.stack([ref[0, 0], ref[1, 1]])
+        pi_mis, ref_mis = torch.stack([lp[0, 1], lp[1, 0]]).detach(), torch.stack([ref[0, 1], ref[1, 0]])
+        loss, stats = L.kto_loss(pi, rf, torch.tensor([1, 0]), pi_mis, ref_mis, beta=0.5)
+        z_hand = max(0.0, ((lp[0, 1] - ref[0, 1]) + (lp[1, 0] - ref[1, 0])).item() / 2)
+        assert float(stats["z"]) == pytest.approx(z_hand, abs=1e-7)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    p = torch.softmax(theta.detach(), 1)
+    assert p[0, 0] > 0.6 and p[1, 1] < 0.15  # from 1/3 each
+
+
+@pytest.mark.parametrize("line, match", [
+    ('{"prompt": "2*3=", "chosen": "6"', r":2: not valid JSON"),
+    ('{"prompt": "2*3=", "chosen": "6"}', r":2: field 'rejected' missing"),
+    ('{"prompt": "2*3=", "chosen": "6", "rejected": "x"}', r":2: field 'rejected' has character 'x'"),
+    ('[1, 2]', r":2: expected a JSON object"),
+])
+def test_bad_pairs_file_names_the_line(tmp_path, line, match):
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"prompt": "2*3=", "chosen": "6", "rejected": "7"}\n' + line + "\n")
+    with pytest.raises(DataError, match=match):
+        load_records(path, "pairs")
+
+
+def test_empty_or_mislabelled_files_are_errors(tmp_path):
+    (tmp_path / "empty.jsonl").write_text("\n")
+    with pytest.raises(DataError, match="no pairs records"):
+        load_records(tmp_path / "empty.jsonl", "pairs")
+    (tmp_path / "kto.jsonl").write_text('{"prompt": "2*3=", "completion": "6", "label": "yes"}\n')
+    with pytest.raises(DataError, match=r":1: field 'label' missing or not a bool"):
+        load_records(tmp_path / "kto.jsonl", "kto")
+    assert len(load_records("data/mul/kto_val.jsonl", "kto")) == 405
+
+
+@pytest.mark.parametrize("loss, pairs", [("dpo", "offline"), ("ipo", "offline"), ("kto", "offline"),
+                                         ("dpo", "online"), ("kto", "online")])
+def test_preference_losses_run_and_log(sft_ckpt, tmp_path, monkeypatch, loss, pairs):  # noqa: F811
+    monkeypatch.setattr(rl, "exact_answer", lambda text, gold, reverse=False: float(text[:1] == "1"))
+    res, rows = run(sft_ckpt, tmp_path, loss=loss, pairs=pairs)
+    train = [r for r in rows if "rl/loss" in r]
+    assert len(train) == 2 and all(math.isfinite(r["rl/loss"]) for r in train)
+    keys = ["rl/z", "rl/desirable_reward", "rl/undesirable_reward"] if loss == "kto" else \
+        ["rl/chosen_reward", "rl/rejected_reward", "rl/margin", "rl/pair_accuracy"]
+    assert all(k in train[-1] for k in keys)
+    if pairs == "online":
+        assert "rl/zero_std_frac" in train[-1]
+    assert train[0]["rl/n_seqs"] == 2 * 4  # prompts_per_step 4: 4 pairs or 8 labelled answers
+    evals = [r for r in rows if "eval/accuracy" in r]
+    assert [r["step"] for r in evals] == [0, 2] and "eval/kl" in evals[-1]
+    hp = [r for r in rows if "hparams/beta" in r][0]
+    assert hp["hparams/beta"] == 0.1
+
+
+def test_preference_config_errors(sft_ckpt, tmp_path):  # noqa: F811
+    from common import UserError
+    with pytest.raises(UserError, match="preference: dpo, ipo, kto"):
+        rl.main(rl.Config(loss="nonsense", sft_ckpt=sft_ckpt))
+    with pytest.raises(UserError, match="pairs must be"):
+        rl.main(rl.Config(loss="dpo", pairs="sometimes", sft_ckpt=sft_ckpt))
+    with pytest.raises(UserError, match="has no hyperparameter 'label_smoothing'"):
+        rl.main(rl.Config(loss="grpo", label_smoothing=0.1, sft_ckpt=sft_ckpt, out_dir=str(tmp_path)))
