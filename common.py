@@ -17,7 +17,7 @@ from dataclasses import asdict, fields
 
 import torch
 
-from data.tasks import format_prompt, parse_answer
+from data.tasks import format_answer, format_prompt, parse_answer
 from model import generate
 from verify import exact_answer
 
@@ -155,6 +155,28 @@ def pass_at_k(n, c, k):
 def encode_prompts(tok, prompts, reverse):
     """Normal-order prompt strings -> the token ids the model reads."""
     return [tok.encode(format_prompt(p, reverse)) for p in prompts]
+
+
+def record_rows(tok, recs, reverse):
+    """Offline JSONL records -> (rows, labels): DPO pairs give chosen rows then rejected rows (labels
+    None); KTO records give one row each and their desirable labels (N,)."""
+    def row(prompt, answer):
+        return encode_prompts(tok, [prompt], reverse)[0], tok.encode(format_answer(answer, reverse)) + [tok.eos_id]
+    if "label" in recs[0]:
+        return [row(r["prompt"], r["completion"]) for r in recs], torch.tensor([r["label"] for r in recs])
+    return [row(r["prompt"], r["chosen"]) for r in recs] + [row(r["prompt"], r["rejected"]) for r in recs], None
+
+
+def pack(rows, pad_id):
+    """[(prompt ids, response ids)] -> ids (N, T) right-padded, each row from position 0 as in SFT,
+    and the response mask (N, T), 1 on the response tokens."""
+    T = max(len(p) + len(r) for p, r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)
+    for i, (p, r) in enumerate(rows):
+        ids[i, :len(p) + len(r)] = torch.tensor(p + r)
+        mask[i, len(p):len(p) + len(r)] = 1
+    return ids, mask
 
 
 @torch.no_grad()

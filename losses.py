@@ -118,6 +118,21 @@ def kl_in_reward(score, logp, ref_logp, mask, beta):
     return rewards
 
 
+def whiten(x, mask, eps=1e-8):
+    """(B, T) advantages normalised to mean 0 and std 1 over the masked tokens (PPO's whitening);
+    padding stays 0."""
+    m = mask.bool()
+    mean = masked_mean(x, m)
+    var = masked_mean((x - mean) ** 2, m)
+    return torch.where(m, (x - mean) * torch.rsqrt(var + eps), 0.0)
+
+
+def adaptive_beta(beta, kl, target, n, horizon=10000):
+    """Adaptive KL controller (Ziegler et al. 2019): beta *= 1 + clip(kl/target - 1, -0.2, 0.2) * n/horizon,
+    n = samples in this step. KL above the target raises beta, below lowers it."""
+    return beta * (1 + min(max(kl / target - 1, -0.2), 0.2) * n / horizon)
+
+
 def cliff_advantages(rewards, first_wrong, mask, lam=0.0):
     """CLIFF token advantages (2025) -> (P, G, T), from binary rewards (P, G), first_wrong (P, G)
     (index of a wrong response's first wrong token, -1 for none) and mask (P, G, T).
@@ -178,6 +193,9 @@ DEFAULTS = {  # the papers' values, kept only here; None = off (clip_c) or must 
     "cispo": dict(eps_max=5.0, beta=0.0, kl_estimator="k3"),
     "gapo": dict(eps_low=0.003, eps_high=0.005, beta=0.0, kl_estimator="k3", clip_c=None),  # eps_high_max
     "pnpo": dict(eps_low=7e-4, eps_high=9.5e-4, beta=0.0, kl_estimator="k3"),
+    # beta: k1 KL-in-reward coefficient (kl_target set = adaptive); gamma/lam: GAE (rl.py computes them)
+    "ppo": dict(eps_low=0.2, eps_high=0.2, clip_c=None, vf_coef=0.1, vf_clip=0.2, ent_coef=0.0,
+                beta=0.05, kl_target=None, gamma=1.0, lam=0.95),
 }
 DEFAULTS["cliff"] = dict(DEFAULTS["grpo"])
 DEFAULTS.update(dpo=dict(beta=0.1, kind="sigmoid", label_smoothing=0.0), ipo=dict(beta=0.1, kind="ipo"),
@@ -263,6 +281,32 @@ def grpo(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, *
     Each sequence's token sum is divided by its length |y_i|, then the total by n_seqs."""
     obj, m, hp, stats = _clipped_tokens("grpo", logp, old_logp, adv, mask, ref_logp, hp)
     return -masked_mean(obj, m, dim=1).sum() / _n(n_seqs, m.shape[0]), stats
+
+
+def ppo(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, values=None, old_values=None,
+        returns=None, entropy=None, **hp):
+    """PPO (Schulman et al. 2017) as in InstructGPT (Ouyang et al. 2022): adv are (B, T) whitened GAE
+    advantages of per-token rewards -beta*k1 + the score on the last token (kl_in_reward, gae, whiten:
+    the KL lives in the reward, not here). Per token:
+        clip_obj - vf_coef * 0.5*(V - ret)^2 + ent_coef * entropy
+    with value clipping (vf_clip > 0, PPO2): the larger of the errors of V and of old_V + clip(V - old_V,
+    +-vf_clip). values (B, T) carry the value head's gradient; old_values, returns (B, T) are constants.
+    The token sum is divided by n_tokens. Stats add value_loss and approx_kl = mean 0.5*(logp - old)^2."""
+    hp = resolve_hparams("ppo", **hp)
+    m, logp, old_logp, adv, _ = _prep(logp, old_logp, adv, mask, None)
+    ratio = torch.exp(logp - old_logp)                               # (B, T)
+    pg, low, high = clip_objective(ratio, adv, hp["eps_low"], hp["eps_high"], hp["clip_c"])
+    old_values, returns = old_values.detach(), returns.detach()
+    err = (values - returns) ** 2                                    # (B, T)
+    if hp["vf_clip"]:
+        v_clip = old_values + (values - old_values).clamp(-hp["vf_clip"], hp["vf_clip"])
+        err = torch.maximum(err, (v_clip - returns) ** 2)
+    vf = 0.5 * err                                                   # (B, T)
+    obj = pg - hp["vf_coef"] * vf + (hp["ent_coef"] * entropy if hp["ent_coef"] else 0.0)
+    n = _n(n_tokens, m.sum().clamp_min(1))
+    stats = _stats(ratio, m, low, high, logp, None)
+    stats.update(value_loss=masked_sum(vf.detach(), m) / n, approx_kl=masked_mean(0.5 * (logp - old_logp).detach() ** 2, m))
+    return -masked_sum(obj, m) / n, stats
 
 
 def dr_grpo(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, **hp):
@@ -373,7 +417,7 @@ def pnpo(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, *
     return -masked_mean(obj, m, dim=1).sum() / _n(n_seqs, m.shape[0]), stats
 
 
-LOSSES = dict(reinforce=reinforce, rloo=rloo, grpo=grpo, dr_grpo=dr_grpo, dapo=dapo, gspo=gspo,
+LOSSES = dict(reinforce=reinforce, rloo=rloo, ppo=ppo, grpo=grpo, dr_grpo=dr_grpo, dapo=dapo, gspo=gspo,
               sapo=sapo, cispo=cispo, gapo=gapo, pnpo=pnpo, cliff=cliff)
 
 
@@ -414,6 +458,13 @@ def kto_loss(pi_logp, ref_logp, desirable, pi_mismatch, ref_mismatch, beta=0.1, 
     stats = {"z": z, "desirable_reward": rew[d].mean() if d.any() else torch.tensor(0.0),
              "undesirable_reward": rew[~d].mean() if (~d).any() else torch.tensor(0.0)}
     return per.mean(), stats
+
+
+def bt_loss(s_chosen, s_rejected):
+    """Bradley-Terry reward-model loss -log sigmoid(s_chosen - s_rejected), mean over pairs (B,),
+    scores read at the EOS position. Stats: pair accuracy (chosen scored higher) and the mean margin."""
+    d = s_chosen - s_rejected                                               # (B,)
+    return -F.logsigmoid(d).mean(), {"pair_accuracy": (d > 0).float().mean(), "margin": d.mean().detach()}
 
 
 PREF_LOSSES = dict(dpo=dpo_loss, ipo=dpo_loss, kto=kto_loss)  # DEFAULTS[name]["kind"] picks DPO or IPO

@@ -22,6 +22,7 @@ prompt from the current policy and pairs a verified-correct with a verified-wron
 without both are dropped, counted in rl/zero_std_frac, and refilled like dynamic sampling).
 """
 import copy
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
@@ -30,7 +31,7 @@ from typing import Optional
 import torch
 
 import losses as L
-from common import Logger, UserError, encode_prompts, evaluate, grade, print_config, run_cli
+from common import Logger, UserError, encode_prompts, evaluate, grade, pack, print_config, record_rows, run_cli
 from data.tasks import ensure_data, format_answer, load_problems, load_records
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 from verify import exact_answer, first_wrong_token, overlong_penalty
@@ -45,6 +46,9 @@ class Config:
     loss: str = "grpo"  # a name in losses.LOSSES or losses.PREF_LOSSES
     pairs: str = "offline"  # preference losses: "offline" (data/ files) or "online" (from policy samples)
     sft_ckpt: str = "out/sft-mul/ckpt.pt"
+    reward: str = "verifier"  # "verifier" (binary exact match) or "rm" (a reward_model.py checkpoint)
+    rm_ckpt: str = "out/rm-mul/ckpt.pt"
+    rm_normalize: bool = True  # RM scores -> (s - running mean) / running std
     out_dir: str = ""  # "" = out/rl-<loss>
     seed: int = 1337
     max_iters: int = 300  # ~5 min on 2 CPU cores
@@ -70,6 +74,13 @@ class Config:
     eps_low: Optional[float] = None
     eps_high: Optional[float] = None
     kl_estimator: Optional[str] = None
+    clip_c: Optional[float] = None  # dual-clip bound (clipped losses; off by default)
+    vf_coef: Optional[float] = None  # ppo: value-loss weight
+    vf_clip: Optional[float] = None  # ppo: value clipping range, 0 = off
+    ent_coef: Optional[float] = None  # ppo: entropy bonus
+    kl_target: Optional[float] = None  # ppo: adaptive KL controller target (per-token k1); unset = fixed beta
+    gamma: Optional[float] = None  # ppo: GAE discount
+    lam: Optional[float] = None  # ppo: GAE lambda
     label_smoothing: Optional[float] = None  # dpo (conservative DPO)
     lambda_d: Optional[float] = None  # kto: weight of desirable answers
     lambda_u: Optional[float] = None  # kto: weight of undesirable answers
@@ -86,6 +97,10 @@ def check_config(cfg):
     if cfg.loss not in L.LOSSES and cfg.loss not in L.PREF_LOSSES:
         raise UserError(f"unknown loss {cfg.loss!r}; valid: {', '.join(sorted(L.LOSSES))} "
                         f"(preference: {', '.join(sorted(L.PREF_LOSSES))})")
+    if cfg.reward not in ("verifier", "rm"):
+        raise UserError(f"reward must be 'verifier' or 'rm', got {cfg.reward!r}")
+    if cfg.reward == "rm" and (cfg.loss in L.PREF_LOSSES or cfg.loss in ("cliff", "gapo")):
+        raise UserError(f"--reward=rm gives real-valued rewards; {cfg.loss} needs the binary verifier")
     if cfg.pairs not in ("offline", "online"):
         raise UserError(f"pairs must be 'offline' or 'online', got {cfg.pairs!r}")
     if cfg.lr <= 0 or cfg.max_iters < 0 or cfg.max_new_tokens < 1 or cfg.prompts_per_step < 1:
@@ -130,8 +145,33 @@ class PromptSampler:
                 self.saturated.add(i)
 
 
-def rollout(model, tok, problems, idx, cfg, gen, reverse):
-    """G samples for each problem in idx -> dict of tensors, rewards and per-row facts."""
+class RunningMoments:
+    """Mean and std of every reward-model score seen so far (parallel-variance update)."""
+
+    def __init__(self):
+        self.n, self.mean, self.m2 = 0, 0.0, 0.0
+
+    def update(self, x):
+        n, mean = x.numel(), x.mean().item()
+        delta, total = mean - self.mean, self.n + n
+        self.m2 += ((x - mean) ** 2).sum().item() + delta ** 2 * self.n * n / total
+        self.mean, self.n = self.mean + delta * n / total, total
+
+    def normalize(self, x):
+        return (x - self.mean) / (math.sqrt(self.m2 / max(1, self.n - 1)) + 1e-8)
+
+
+@torch.no_grad()
+def rm_scores(rm, out):
+    """(N,) reward-model score at each sampled response's last token (its EOS when it finished)."""
+    _, s = rm(out["ids"], out["offsets"], return_scalar=True)  # (N, T)
+    last = out["prompt_len"] + out["response_mask"][:, out["prompt_len"]:].sum(1) - 1  # (N,)
+    return s[torch.arange(s.size(0)), last]
+
+
+def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None):
+    """G samples for each problem in idx -> dict of tensors, rewards and per-row facts. With rm =
+    (reward model, RunningMoments) the reward is its (normalised) score; `correct` stays the verifier's."""
     prompts = encode_prompts(tok, [problems[i][0] for i in idx], reverse)
     out = generate(model, prompts, cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=cfg.group_size,
                    temperature=cfg.temperature, generator=gen)
@@ -150,6 +190,12 @@ def rollout(model, tok, problems, idx, cfg, gen, reverse):
         finished.append(done)
     out.update(correct=torch.tensor(correct), reward=torch.tensor(reward), first_wrong=torch.tensor(first_wrong),
                length=torch.tensor(lengths, dtype=torch.float), finished=torch.tensor(finished))
+    if rm is not None:
+        raw = rm_scores(rm[0], out)  # (N,)
+        if cfg.rm_normalize:
+            rm[1].update(raw)
+        score = rm[1].normalize(raw) if cfg.rm_normalize else raw
+        out.update(rm_reward=raw, reward=score + out["reward"] - out["correct"])  # keeps any overlong shaping
     return out
 
 
@@ -166,7 +212,8 @@ def cat_rollouts(parts):
         rmask.append(torch.nn.functional.pad(p["response_mask"], (left, right)))
         logps.append(torch.nn.functional.pad(p["logps"], (0, right)))
         offsets.append(p["offsets"] + left)
-    out = {k: torch.cat([p[k] for p in parts]) for k in ("correct", "reward", "first_wrong", "length", "finished")}
+    out = {k: torch.cat([p[k] for p in parts]) for k in ("correct", "reward", "first_wrong", "length", "finished", "rm_reward")
+           if k in parts[0]}
     out.update(ids=torch.cat(ids), response_mask=torch.cat(rmask), logps=torch.cat(logps),
                offsets=torch.cat(offsets), prompt_len=P)
     return out
@@ -182,6 +229,12 @@ def advantages(cfg, batch, hp, ref_logp):
     """(N,) or (N, L) advantages for the loss, plus extra keyword inputs some losses need."""
     G = cfg.group_size
     R = batch["reward"]  # (N,)
+    if cfg.loss == "ppo":  # InstructGPT: token rewards -beta*k1 + score at the last token, GAE, whitened
+        mask = batch["response_mask"][:, batch["prompt_len"]:]
+        rewards = L.kl_in_reward(R, batch["logps"], ref_logp, mask, hp["beta"]) if hp["beta"] else \
+            L.kl_in_reward(R, batch["logps"], batch["logps"], mask, 0.0)  # (N, L)
+        adv, returns = L.gae(rewards, batch["values"], mask, hp["gamma"], hp["lam"])  # (N, L) each
+        return L.whiten(adv, mask), dict(old_values=batch["values"], returns=returns)
     if cfg.loss in ("reinforce", "rloo") and hp["beta"] > 0:  # KL in the reward: R - beta * sum_t k1
         mask = batch["response_mask"][:, batch["prompt_len"]:]
         R = L.kl_in_reward(R, batch["logps"], ref_logp, mask, hp["beta"]).sum(1)
@@ -197,20 +250,24 @@ def advantages(cfg, batch, hp, ref_logp):
     return adv, extra
 
 
-def policy_logps(model, ids, offsets, full_mask, P, temperature):
-    """Trainer-side log-probs of the response tokens (N, L), and the logits at those positions."""
-    logits = model(ids, offsets)
+def policy_logps(model, ids, offsets, full_mask, P, temperature, values=False):
+    """Trainer-side log-probs of the response tokens (N, L), the logits at those positions, and with
+    values=True the value head at the same positions (N, L): V_t, the state before response token t."""
+    if values:
+        logits, v = model(ids, offsets, return_scalar=True)
+    else:
+        logits, v = model(ids, offsets), None
     lp, _ = L.response_logps(logits, ids, full_mask, temperature=temperature)
-    return lp[:, P - 1:], logits[:, P - 1:-1]
+    return lp[:, P - 1:], logits[:, P - 1:-1], (v[:, P - 1:-1] if values else None)
 
 
-def collect(model, tok, train, prompts, cfg, gen, reverse, dyn):
+def collect(model, tok, train, prompts, cfg, gen, reverse, dyn, rm=None):
     """Rollouts for one step: P prompts x G samples; dynamic sampling drops all-equal groups and
     refills (up to max_refills more rounds). Returns (batch or None, stats)."""
     parts, n_groups, n_sampled, n_zero_std = [], 0, 0, 0
     for _ in range(1 + (cfg.max_refills if dyn else 0)):
         idx = prompts.take(cfg.prompts_per_step - n_groups)
-        out = rollout(model, tok, train, idx, cfg, gen, reverse)
+        out = rollout(model, tok, train, idx, cfg, gen, reverse, rm)
         R = out["reward"].view(-1, cfg.group_size)
         prompts.record(idx, out["correct"].view(-1, cfg.group_size))
         zero_std = R.max(1).values == R.min(1).values  # (groups,) all-equal rewards
@@ -235,7 +292,11 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     ref_logp = None
     if hp.get("beta"):  # the reference runs only when the loss has a KL term (SPEC §9.7)
         with torch.no_grad():
-            ref_logp, _ = policy_logps(ref, ids, offsets, full_mask, P, cfg.temperature)
+            ref_logp = policy_logps(ref, ids, offsets, full_mask, P, cfg.temperature)[0]
+    ppo = cfg.loss == "ppo"
+    if ppo:  # the rollout's values V_old, from the same forward pass shape as the update's
+        with torch.no_grad():
+            batch["values"] = torch.where(mask.bool(), policy_logps(model, ids, offsets, full_mask, P, cfg.temperature, True)[2], 0.0)
     adv, extra = advantages(cfg, batch, hp, ref_logp)
     for g in opt.param_groups:
         g["lr"] = lr
@@ -243,12 +304,16 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     for epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(N, generator=gen) if cfg.minibatches > 1 else torch.arange(N)
         for mb in perm.chunk(cfg.minibatches):
-            lp, logits = policy_logps(model, ids[mb], offsets[mb], full_mask[mb], P, cfg.temperature)
+            lp, logits, values = policy_logps(model, ids[mb], offsets[mb], full_mask[mb], P, cfg.temperature, ppo)
             if not stats:  # first update of a fresh rollout: the ratio must be exactly 1 (SPEC §9.2)
                 stats["rl/logp_mismatch"] = (lp.detach() - old_logp[mb]).abs().max().item()  # both 0 off the mask
                 with torch.no_grad():
                     stats["rl/entropy"] = L.masked_mean(L.token_entropy(logits, cfg.temperature), mask[mb]).item()
             kw = {k: (v[mb] if torch.is_tensor(v) else v) for k, v in extra.items()}
+            if ppo:
+                kw["values"] = values
+                if hp["ent_coef"]:
+                    kw["entropy"] = L.token_entropy(logits, cfg.temperature)
             loss, st = L.LOSSES[cfg.loss](lp, old_logp[mb], adv[mb], mask[mb],
                                           ref_logp[mb] if ref_logp is not None else None, **hp, **kw)
             opt.zero_grad(set_to_none=True)
@@ -261,43 +326,29 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     stats.update({f"rl/{k}": float(v) for k, v in st.items()})
     if ref_logp is not None:
         stats["rl/kl"] = L.masked_mean(L.kl_estimate(old_logp, ref_logp, "k3"), mask).item()
+    if ppo:
+        v, ret = batch["values"], extra["returns"]
+        resid = L.masked_mean((ret - v - L.masked_mean(ret - v, mask)) ** 2, mask)
+        stats.update({"rl/explained_variance": (1 - resid / L.masked_mean((ret - L.masked_mean(ret, mask)) ** 2, mask).clamp_min(1e-8)).item(),
+                      "rl/values_mean": L.masked_mean(v, mask).item(), "rl/returns_mean": L.masked_mean(ret, mask).item(),
+                      "rl/beta": hp["beta"], "rl/kl_k1": L.masked_mean(old_logp - ref_logp, mask).item() if ref_logp is not None else 0.0})
     stats.update({"rl/loss": loss.item(), "rl/grad_norm": gnorm.item(), "rl/lr": lr,
                   "rl/reward_mean": batch["reward"].mean().item(), "rl/accuracy": batch["correct"].mean().item(),
                   "rl/resp_len": batch["length"].mean().item(), "rl/n_tokens": mask.sum().item(),
                   "rl/truncated_frac": 1 - batch["finished"].float().mean().item(),
                   "rl/empty_frac": (batch["length"] <= 1).float().mean().item()})
+    if "rm_reward" in batch:  # RM score next to the verifier's accuracy: over-optimisation shows as a gap
+        stats["rl/rm_reward"] = batch["rm_reward"].mean().item()
     return stats
 
 
 # ----------------------------------------------------------------------------- preference losses
-
-def pack(rows, pad_id):
-    """[(prompt ids, response ids)] -> ids (N, T) right-padded, each row from position 0 as in SFT,
-    and the response mask (N, T), 1 on the response tokens."""
-    T = max(len(p) + len(r) for p, r in rows)
-    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)
-    mask = torch.zeros(len(rows), T, dtype=torch.long)
-    for i, (p, r) in enumerate(rows):
-        ids[i, :len(p) + len(r)] = torch.tensor(p + r)
-        mask[i, len(p):len(p) + len(r)] = 1
-    return ids, mask
-
 
 def seq_logps(model, rows, pad_id):
     """(N,) sum of the response tokens' log-probs of each (prompt ids, response ids) row."""
     ids, mask = pack(rows, pad_id)
     lp, m = L.response_logps(model(ids), ids, mask)
     return L.masked_sum(lp, m, dim=1)
-
-
-def record_rows(tok, recs, reverse):
-    """Offline JSONL records -> (rows, labels): DPO pairs give chosen rows then rejected rows (labels
-    None); KTO records give one row each and their desirable labels (N,)."""
-    def row(prompt, answer):
-        return encode_prompts(tok, [prompt], reverse)[0], tok.encode(format_answer(answer, reverse)) + [tok.eos_id]
-    if "label" in recs[0]:
-        return [row(r["prompt"], r["completion"]) for r in recs], torch.tensor([r["label"] for r in recs])
-    return [row(r["prompt"], r["chosen"]) for r in recs] + [row(r["prompt"], r["rejected"]) for r in recs], None
 
 
 def online_rows(batch, G):
@@ -346,9 +397,16 @@ def main(cfg):
     check_config(cfg)
     out_dir = cfg.out_dir or f"out/rl-{cfg.loss}"
     ckpt = load_checkpoint(cfg.sft_ckpt, hint="make one with: python sft.py configs/mul.py")
-    model, tok = model_from_checkpoint(ckpt, cfg.sft_ckpt)
+    # PPO's critic is a value head on the policy's own trunk (one forward pass gives logits and values;
+    # a separate critic would double the compute of every step at this scale); vf_coef keeps its
+    # gradient small next to the policy's. Only --loss=ppo adds it and trains it.
+    fresh_head = cfg.loss == "ppo" and not ckpt.get("model_args", {}).get("scalar_head")
+    model, tok = model_from_checkpoint(ckpt, cfg.sft_ckpt, scalar_head=True if cfg.loss == "ppo" else None)
+    if fresh_head:
+        torch.nn.init.zeros_(model.score_head.weight)  # V = 0 everywhere at the start, not noise
     task, reverse = ckpt["config"].get("task", "mul"), ckpt["config"].get("reverse", False)
-    knobs = ("beta", "eps_low", "eps_high", "kl_estimator", "label_smoothing", "lambda_d", "lambda_u")
+    knobs = ("beta", "eps_low", "eps_high", "kl_estimator", "clip_c", "vf_coef", "vf_clip", "ent_coef", "kl_target",
+             "gamma", "lam", "label_smoothing", "lambda_d", "lambda_u")
     try:
         hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k) for k in knobs},
                                **({"max_new_tokens": cfg.max_new_tokens} if "max_new_tokens" in L.DEFAULTS[cfg.loss] else {}))
@@ -368,6 +426,15 @@ def main(cfg):
     if max(len(p) for p in encode_prompts(tok, [p for p, _ in train], reverse)) + cfg.max_new_tokens > model.config.block_size:
         raise UserError(f"max_new_tokens={cfg.max_new_tokens} does not fit block_size={model.config.block_size}")
 
+    rm = None
+    if cfg.reward == "rm":  # a frozen Bradley-Terry reward model from reward_model.py
+        rm_ckpt = load_checkpoint(cfg.rm_ckpt, hint="make one with: python reward_model.py configs/mul_rm.py")
+        if not rm_ckpt.get("model_args", {}).get("scalar_head"):
+            raise UserError(f"{cfg.rm_ckpt}: not a reward model (no scalar head); make one with reward_model.py")
+        rm_model, rm_tok = model_from_checkpoint(rm_ckpt, cfg.rm_ckpt)
+        if rm_tok.to_dict() != tok.to_dict():
+            raise UserError(f"{cfg.rm_ckpt}: the reward model's tokenizer differs from the policy's ({cfg.sft_ckpt})")
+        rm = (rm_model.eval().requires_grad_(False), RunningMoments())
     ref = copy.deepcopy(model).eval().requires_grad_(False)  # frozen reference, never updated
     model.eval()  # dropout off for every log-prob (SPEC §9.5); there is no other train-mode layer
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99))
@@ -410,7 +477,7 @@ def main(cfg):
             n = cfg.prompts_per_step * (2 if cfg.loss == "kto" else 1)
             (rows, labels), batch, stats = record_rows(tok, [recs[i] for i in records.take(n)], reverse), None, {}
         else:  # preference losses online: only groups holding a right and a wrong answer are kept
-            batch, stats = collect(model, tok, train, prompts, cfg, gen, reverse, dyn or pref)
+            batch, stats = collect(model, tok, train, prompts, cfg, gen, reverse, dyn or pref, rm)
             if batch is None:  # every group all-equal: nothing to learn from this step, and no NaN
                 print(f"step {step + 1}: every sampled group had equal rewards; no update", flush=True)
                 logger.log({"step": step + 1, **stats})
@@ -424,13 +491,16 @@ def main(cfg):
                          else update(model, ref, opt, batch, cfg, hp, gen, lr))
         except FloatingPointError as e:
             raise UserError(f"step {step + 1}: non-finite {e}; stopped, last good checkpoint kept at {ckpt_path}") from None
+        if cfg.loss == "ppo" and hp["kl_target"]:  # adaptive KL controller
+            hp["beta"] = L.adaptive_beta(hp["beta"], stats["rl/kl_k1"], hp["kl_target"], batch["ids"].size(0))
         t_step = time.time() - t0
         stats.update({"perf/rollout_s": t_roll, "perf/step_s": t_step})
         if batch is not None:
             stats["perf/rollout_tok_s"] = batch["length"].sum().item() / t_roll
         logger.log({"step": step + 1, **stats})
         show = ("loss", "margin", "pair_accuracy", "z", "log_ratio", "zero_std_frac") if pref else \
-            ("reward_mean", "accuracy", "n_groups", "zero_std_frac", "entropy", "resp_len", "logp_mismatch")
+            ("reward_mean", "rm_reward", "accuracy", "n_groups", "zero_std_frac", "entropy", "resp_len", "logp_mismatch",
+             "explained_variance", "value_loss")
         print(f"step {step + 1:4d}/{cfg.max_iters} | " + " ".join(f"{k} {stats['rl/' + k]:.4g}" for k in show if 'rl/' + k in stats)
               + f" | {t_step:.2f}s (rollout {t_roll:.2f}s) | {time.time() - t_start:.0f}s", flush=True)
         if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters:
@@ -451,7 +521,7 @@ def eval_kl(model, ref, tok, problems, reverse, cfg, gen, n=256):
     out = generate(model, encode_prompts(tok, [problems[i][0] for i in idx], reverse), cfg.max_new_tokens, tok.eos_id, tok.pad_id,
                    G=4, temperature=cfg.temperature, generator=gen)
     P, mask = out["prompt_len"], out["response_mask"][:, out["prompt_len"]:].float()
-    ref_lp, _ = policy_logps(ref, out["ids"], out["offsets"], out["response_mask"], P, cfg.temperature)
+    ref_lp = policy_logps(ref, out["ids"], out["offsets"], out["response_mask"], P, cfg.temperature)[0]
     return L.masked_mean(L.kl_estimate(out["logps"], ref_lp, "k3"), mask).item()
 
 

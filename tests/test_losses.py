@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from losses import (DEFAULTS, LOSSES, PREF_LOSSES, clip_objective, cliff_advantages, gae, gapo_eps_high,
+from losses import (DEFAULTS, LOSSES, PREF_LOSSES, adaptive_beta, bt_loss, clip_objective, cliff_advantages, gae, gapo_eps_high,
                     group_advantages, kl_estimate, kl_in_reward, masked_mean, masked_sum,
-                    resolve_hparams, response_logps, sequence_ratio, token_entropy)
+                    resolve_hparams, response_logps, sequence_ratio, token_entropy, whiten)
 
 # the reference batch: two right-padded responses of lengths 3 and 2
 LOGP = [[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]]
@@ -36,6 +36,8 @@ def _extra(name, B, T, rows=slice(None)):
         return dict(max_new_tokens=T)
     if name == "gapo":
         return dict(group_correct=torch.tensor([1, 2] * (B // 2))[rows], group_size=4)
+    if name == "ppo":  # a zero value error: the policy part alone is compared
+        return dict(values=torch.zeros(B, T)[rows], old_values=torch.zeros(B, T)[rows], returns=torch.zeros(B, T)[rows])
     return {}
 
 
@@ -434,3 +436,56 @@ def test_entropy_uses_the_tempered_distribution_once():
     assert not torch.allclose(got, token_entropy(logits), atol=1e-3)  # temperature matters
     mask = torch.tensor([[1.0, 1.0]])
     assert masked_mean(got, mask).item() == pytest.approx(want.mean().item(), abs=1e-6)
+
+
+def test_ppo_policy_part_is_token_mean_clipping():
+    """With vf_coef 0 and no entropy bonus, PPO is the clipped surrogate averaged over all tokens of
+    the batch: dapo's loss with symmetric eps 0.2 on the SPEC §5 reference tensors."""
+    a, b = torch.tensor(LOGP, requires_grad=True), torch.tensor(LOGP, requires_grad=True)
+    zeros = torch.zeros(2, 3)
+    la, sa = LOSSES["ppo"](a, OLD, ADV, MASK, vf_coef=0.0, values=zeros, old_values=zeros, returns=zeros + 5)
+    lb, _ = LOSSES["dapo"](b, OLD, ADV, MASK, eps_high=0.2)
+    la.backward()
+    lb.backward()
+    assert la.item() == pytest.approx(lb.item(), abs=1e-7)
+    torch.testing.assert_close(a.grad, b.grad)
+    d = torch.tensor(LOGP) - OLD
+    assert float(sa["approx_kl"]) == pytest.approx(float((0.5 * d[MASK.bool()] ** 2).mean()), abs=1e-7)
+
+
+def test_ppo_value_loss_with_clipping():
+    """V, V_old, returns per token: (1.0, 0.5, 0.0) -> clipped V 0.7, error max(1.0, 0.49) = 1.0;
+    (0.2, 0.5, 1.0) -> clipped 0.3, max(0.64, 0.49) = 0.64; (0.9, 0.5, 1.0) -> clipped 0.7,
+    max(0.01, 0.09) = 0.09 (the clipped branch: no gradient). value_loss = mean 0.5*err = 0.288333."""
+    v = torch.tensor([[1.0, 0.2, 0.9]], requires_grad=True)
+    old_v, ret = torch.tensor([[0.5, 0.5, 0.5]]), torch.tensor([[0.0, 1.0, 1.0]])
+    logp = torch.zeros(1, 3)
+    loss, st = LOSSES["ppo"](logp, logp, torch.zeros(1), torch.ones(1, 3), values=v, old_values=old_v, returns=ret,
+                             vf_coef=1.0, vf_clip=0.2)
+    assert float(st["value_loss"]) == pytest.approx(0.288333, abs=1e-6) and loss.item() == pytest.approx(0.288333, abs=1e-6)
+    loss.backward()
+    torch.testing.assert_close(v.grad, torch.tensor([[1.0, -0.8, 0.0]]) / 3)
+    v2 = v.detach().clone().requires_grad_(True)
+    loss, st = LOSSES["ppo"](logp, logp, torch.zeros(1), torch.ones(1, 3), values=v2, old_values=old_v, returns=ret,
+                             vf_coef=1.0, vf_clip=0)  # 0 = no value clipping
+    assert float(st["value_loss"]) == pytest.approx((0.5 + 0.32 + 0.005) / 3, abs=1e-6)
+
+
+def test_whiten_and_adaptive_kl():
+    x, m = torch.tensor([[1.0, 2.0, 9.0], [3.0, 4.0, 9.0]]), torch.tensor([[1, 1, 0], [1, 1, 0]])
+    w = whiten(x, m)
+    assert w[m.bool()].mean().item() == pytest.approx(0, abs=1e-6)
+    assert w[m.bool()].pow(2).mean().item() == pytest.approx(1, abs=1e-5) and (w[~m.bool()] == 0).all()
+    assert adaptive_beta(0.1, 0.2, 0.1, 1000) == pytest.approx(0.1 * (1 + 0.2 * 0.1))  # KL 2x target: +clip
+    assert adaptive_beta(0.1, 0.09, 0.1, 1000) == pytest.approx(0.1 * (1 - 0.1 * 0.1))
+
+
+def test_bradley_terry_one_sgd_step():
+    """SPEC §6: from zero scores, one SGD step at lr 1 on one pair -> s_chosen 0.5, s_rejected -0.5."""
+    s = torch.zeros(2, requires_grad=True)
+    loss, st = bt_loss(s[:1], s[1:])
+    assert loss.item() == pytest.approx(math.log(2))
+    loss.backward()
+    with torch.no_grad():
+        s -= 1.0 * s.grad
+    assert s.tolist() == pytest.approx([0.5, -0.5])

@@ -1,0 +1,172 @@
+"""
+Bradley-Terry reward model: the SFT GPT plus a scalar head read at the EOS position, trained so that
+the right answer scores above a wrong one, -log sigmoid(s_chosen - s_rejected) (losses.bt_loss).
+
+    python reward_model.py configs/mul_rm.py                       # ~2 min on 2 CPU cores -> out/rm-mul/ckpt.pt
+    python reward_model.py configs/mul_rm.py --sft_ckpt=out/sft-mul-seed2/ckpt.pt --out_dir=out/rm-try
+    python rl.py --loss=ppo --reward=rm                            # RLHF: PPO against this model
+
+Training pairs: data/<task>/pairs_train.jsonl (right answer vs a plausible wrong one of five
+documented kinds, SPEC §2) plus "policy" pairs: `policy_samples` answers sampled per train prompt
+from the SFT policy, each wrong one paired with the right answer (the mistakes PPO will meet).
+Held-out: `eval/pair_accuracy` on the test-split pairs (and per kind), `eval/policy_pair_accuracy`
+on wrong answers the SFT policy samples for test prompts; `val/pair_accuracy` picks best.pt.
+"""
+import os
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+
+import losses as L
+from common import Logger, UserError, encode_prompts, pack, print_config, record_rows, run_cli
+from data.tasks import ensure_data, format_answer, load_problems, load_records
+from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
+
+
+@dataclass
+class Config:
+    sft_ckpt: str = "out/sft-mul/ckpt.pt"
+    out_dir: str = "out/rm-mul"
+    seed: int = 1337
+    batch_size: int = 64  # pairs per step
+    lr: float = 3e-4
+    warmup_iters: int = 50
+    max_iters: int = 1500
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0
+    eval_interval: int = 250
+    policy_samples: int = 4  # answers per train prompt from the SFT policy for extra pairs; 0 = off
+    eval_policy_samples: int = 8  # answers per test prompt for eval/policy_pair_accuracy
+    temperature: float = 1.0  # the RL sampling temperature
+    max_new_tokens: int = 8
+    threads: int = 0
+    wandb: bool = False
+    wandb_project: str = "nanorl"
+    wandb_run_name: str = ""
+
+
+def scores(model, rows, pad_id):
+    """(N,) scalar head at each row's last response token (the EOS of a finished answer)."""
+    ids, mask = pack(rows, pad_id)
+    _, s = model(ids, return_scalar=True)  # (N, T)
+    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # (N,) index of the last response token
+    return s[torch.arange(len(rows)), last]
+
+
+@torch.no_grad()
+def policy_pairs(model, tok, problems, reverse, n, cfg, gen):
+    """Pairs (right answer, a wrong answer the policy sampled) for each problem: n samples each, every
+    distinct wrong one kept. Returns (chosen rows, rejected rows)."""
+    chosen, rejected = [], []
+    model.eval()
+    for i in range(0, len(problems), 256):
+        chunk = problems[i:i + 256]
+        prompts = encode_prompts(tok, [p for p, _ in chunk], reverse)
+        out = generate(model, prompts, cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=n,
+                       temperature=cfg.temperature, generator=gen)
+        P = out["prompt_len"]
+        for j, (p, a) in enumerate(chunk):
+            gold = tok.encode(format_answer(a, reverse)) + [tok.eos_id]
+            seen = set()
+            for r in range(j * n, (j + 1) * n):
+                resp = tuple(out["ids"][r, P:][out["response_mask"][r, P:].bool()].tolist())
+                if list(resp) != gold and resp not in seen:
+                    seen.add(resp)
+                    chosen.append((prompts[j], gold))
+                    rejected.append((prompts[j], list(resp)))
+    return chosen, rejected
+
+
+@torch.no_grad()
+def pair_accuracy(model, chosen, rejected, pad_id, kinds=None):
+    """Fraction of pairs whose chosen answer scores higher; with kinds, also per kind."""
+    model.eval()
+    win = torch.cat([scores(model, chosen[i:i + 512], pad_id) > scores(model, rejected[i:i + 512], pad_id)
+                     for i in range(0, len(chosen), 512)]).float()  # (N,)
+    out = {"": win.mean().item()}
+    for k in sorted(set(kinds or [])):
+        out["/" + k] = win[torch.tensor([x == k for x in kinds])].mean().item()
+    return out
+
+
+def main(cfg):
+    print_config(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    ckpt = load_checkpoint(cfg.sft_ckpt, hint="make one with: python sft.py configs/mul.py")
+    model, tok = model_from_checkpoint(ckpt, cfg.sft_ckpt, scalar_head=True)  # fresh head on the SFT trunk
+    task, reverse = ckpt["config"].get("task", "mul"), ckpt["config"].get("reverse", False)
+    root = ensure_data(task)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    t0 = time.time()
+
+    def documented(split):
+        recs = load_records(root / f"pairs_{split}.jsonl", "pairs")
+        rows, _ = record_rows(tok, recs, reverse)
+        return rows[:len(recs)], rows[len(recs):], [r.get("kind", "?") for r in recs]
+
+    tr_c, tr_r, tr_k = documented("train")
+    va_c, va_r, _ = documented("val")
+    te_c, te_r, te_k = documented("test")
+    test = load_problems(root / "test.txt")
+    ev_c, ev_r = policy_pairs(model, tok, test, reverse, cfg.eval_policy_samples, cfg, torch.Generator().manual_seed(cfg.seed + 1))
+    if cfg.policy_samples:
+        pc, pr = policy_pairs(model, tok, load_problems(root / "train.txt"), reverse, cfg.policy_samples, cfg, gen)
+        tr_c, tr_r, tr_k = tr_c + pc, tr_r + pr, tr_k + ["policy"] * len(pc)
+    print(f"{len(tr_c)} train pairs ({tr_k.count('policy')} from policy samples), {len(te_c)} test pairs, "
+          f"{len(ev_c)} test pairs with policy-sampled wrong answers ({time.time() - t0:.0f}s)", flush=True)
+    if not ev_c:
+        raise UserError("the SFT policy sampled no wrong answer on the test split; nothing to evaluate the RM on")
+
+    opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99))
+    logger = Logger(cfg.out_dir, cfg)
+    best = -1.0
+
+    def run_eval(step):
+        nonlocal best
+        doc = pair_accuracy(model, te_c, te_r, tok.pad_id, te_k)
+        m = {f"eval/pair_accuracy{k}": v for k, v in doc.items()}
+        m["eval/policy_pair_accuracy"] = pair_accuracy(model, ev_c, ev_r, tok.pad_id)[""]
+        m["val/pair_accuracy"] = pair_accuracy(model, va_c, va_r, tok.pad_id)[""]
+        logger.log({"step": step, **m})
+        print(f"step {step:5d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items()) +
+              f" | {time.time() - t0:.0f}s", flush=True)
+        conf = {**asdict(cfg), "task": task, "reverse": reverse}
+        if m["val/pair_accuracy"] > best:
+            best = m["val/pair_accuracy"]
+            save_checkpoint(os.path.join(cfg.out_dir, "best.pt"), model, opt, conf, step, tok, best_val=best)
+        save_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"), model, opt, conf, step, tok, best_val=best)
+        return m
+
+    m = run_eval(0)
+    for step in range(1, cfg.max_iters + 1):
+        model.train()
+        lr = cfg.lr * min(1.0, step / cfg.warmup_iters)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        idx = torch.randint(len(tr_c), (cfg.batch_size,), generator=gen).tolist()
+        s = scores(model, [tr_c[i] for i in idx] + [tr_r[i] for i in idx], tok.pad_id)  # (2B,)
+        loss, st = L.bt_loss(s[:cfg.batch_size], s[cfg.batch_size:])
+        if not torch.isfinite(loss):
+            raise UserError(f"non-finite loss at step {step}; last good checkpoint kept in {cfg.out_dir}")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        if step % 50 == 0:
+            logger.log({"step": step, "train/loss": loss.item(), "train/pair_accuracy": st["pair_accuracy"].item(),
+                        "train/margin": st["margin"].item(), "train/grad_norm": gnorm.item(), "train/lr": lr})
+            print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} acc {st['pair_accuracy'].item():.3f} "
+                  f"| {time.time() - t0:.0f}s", flush=True)
+        if step % cfg.eval_interval == 0 or step == cfg.max_iters:
+            m = run_eval(step)
+    print(f"done in {time.time() - t0:.0f}s: test pair accuracy {m['eval/pair_accuracy']:.4f}, on policy-sampled "
+          f"wrong answers {m['eval/policy_pair_accuracy']:.4f}; checkpoint {cfg.out_dir}/ckpt.pt", flush=True)
+    logger.finish()
+    return m
+
+
+if __name__ == "__main__":
+    run_cli(main, Config)

@@ -1,0 +1,85 @@
+"""PPO's value head and the RLHF path: reward_model.py trains a Bradley-Terry RM, rl.py --reward=rm
+scores rollouts with it, and bad RM checkpoints fail with one clear line."""
+import json
+import math
+
+import pytest
+import torch
+
+import reward_model
+import rl
+from common import UserError
+from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
+from tokenizer import CharTokenizer
+
+from test_rl import run, sft_ckpt, varied_reward  # noqa: F401 (fixtures)
+
+TINY_RM = dict(batch_size=16, max_iters=20, eval_interval=20, policy_samples=1, eval_policy_samples=2, threads=1)
+
+
+@pytest.fixture(scope="module")
+def rm_ckpt(sft_ckpt, tmp_path_factory):  # noqa: F811
+    out = tmp_path_factory.mktemp("rm")
+    m = reward_model.main(reward_model.Config(sft_ckpt=sft_ckpt, out_dir=str(out), **TINY_RM))
+    return str(out / "ckpt.pt"), m, out
+
+
+def test_reward_model_trains_and_reports_per_kind(rm_ckpt):
+    path, m, out = rm_ckpt
+    kinds = ["carry", "last_digit", "length", "neighbour", "swap"]
+    assert all(0 <= m[f"eval/pair_accuracy/{k}"] <= 1 for k in kinds)
+    assert 0 <= m["eval/policy_pair_accuracy"] <= 1 and 0 <= m["val/pair_accuracy"] <= 1
+    ck = load_checkpoint(path)
+    assert ck["model_args"]["scalar_head"] and ck["step"] == 20
+    rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    assert [r["step"] for r in rows if "eval/pair_accuracy" in r] == [0, 20]
+
+
+def test_rm_scores_read_the_last_response_token():
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=16, n_layer=1, n_head=2, n_embd=16, scalar_head=True)).eval()
+    rows = [([3, 4, 5], [6, 1]), ([3, 4], [7, 8, 1])]
+    s = reward_model.scores(model, rows, 0)
+    for i, (p, r) in enumerate(rows):  # each row alone, no padding: the head at its last token
+        _, full = model(torch.tensor([p + r]), return_scalar=True)
+        assert s[i].item() == pytest.approx(full[0, -1].item(), abs=1e-6)
+
+
+def test_only_ppo_trains_a_value_head(sft_ckpt, tmp_path, varied_reward):  # noqa: F811
+    res, rows = run(sft_ckpt, tmp_path / "ppo", loss="ppo", lr=1e-3, max_iters=3, eval_interval=3)
+    head = res["model"].score_head
+    assert head is not None and head.weight.abs().sum() > 0  # starts at exactly zero
+    train = [r for r in rows if "rl/value_loss" in r]
+    assert len(train) == 3 and all(math.isfinite(r["rl/explained_variance"]) for r in train)
+    assert {"rl/approx_kl", "rl/clipfrac_low", "rl/values_mean", "rl/returns_mean", "rl/kl"} <= set(train[-1])
+    res, _ = run(sft_ckpt, tmp_path / "grpo", loss="grpo", max_iters=1, eval_interval=1)
+    assert res["model"].score_head is None
+
+
+def test_adaptive_kl_controller_moves_beta(sft_ckpt, tmp_path, varied_reward):  # noqa: F811
+    """At step 1 the policy is the reference: KL 0 is below any target, so beta shrinks by the
+    controller's largest step, 1 - 0.2 * (rollout rows) / 10000."""
+    _, rows = run(sft_ckpt, tmp_path, loss="ppo", kl_target=0.01, max_iters=2)
+    train = [r for r in rows if "rl/beta" in r]
+    assert train[0]["rl/beta"] == 0.05 and abs(train[0]["rl/kl_k1"]) < 1e-6
+    assert train[1]["rl/beta"] == pytest.approx(0.05 * (1 - 0.2 * train[0]["rl/n_groups"] * 4 / 10000))
+
+
+def test_ppo_with_reward_model(sft_ckpt, rm_ckpt, tmp_path):  # noqa: F811
+    _, rows = run(sft_ckpt, tmp_path, loss="ppo", reward="rm", rm_ckpt=rm_ckpt[0])
+    train = [r for r in rows if "rl/rm_reward" in r]
+    assert len(train) == 2 and all(math.isfinite(r["rl/rm_reward"]) and 0 <= r["rl/accuracy"] <= 1 for r in train)
+
+
+def test_bad_reward_model_checkpoints(sft_ckpt, tmp_path):  # noqa: F811
+    with pytest.raises(Exception, match="no such checkpoint.*reward_model.py"):
+        rl.main(rl.Config(loss="ppo", reward="rm", rm_ckpt=str(tmp_path / "none.pt"), sft_ckpt=sft_ckpt))
+    with pytest.raises(UserError, match="not a reward model"):
+        rl.main(rl.Config(loss="ppo", reward="rm", rm_ckpt=sft_ckpt, sft_ckpt=sft_ckpt))
+    other = CharTokenizer("0123456789*=")
+    model = GPT(GPTConfig(block_size=32, vocab_size=other.vocab_size, n_layer=1, n_head=2, n_embd=32, scalar_head=True))
+    save_checkpoint(str(tmp_path / "rm.pt"), model, tokenizer=other)
+    with pytest.raises(UserError, match="tokenizer differs"):
+        rl.main(rl.Config(loss="ppo", reward="rm", rm_ckpt=str(tmp_path / "rm.pt"), sft_ckpt=sft_ckpt))
+    with pytest.raises(UserError, match="binary verifier"):
+        rl.main(rl.Config(loss="gapo", reward="rm", sft_ckpt=sft_ckpt))
