@@ -193,9 +193,10 @@ DEFAULTS = {  # the papers' values, kept only here; None = off (clip_c) or must 
     "cispo": dict(eps_max=5.0, beta=0.0, kl_estimator="k3"),
     "gapo": dict(eps_low=0.003, eps_high=0.005, beta=0.0, kl_estimator="k3", clip_c=None),  # eps_high_max
     "pnpo": dict(eps_low=7e-4, eps_high=9.5e-4, beta=0.0, kl_estimator="k3"),
-    # beta: k1 KL-in-reward coefficient (kl_target set = adaptive); gamma/lam: GAE (rl.py computes them)
+    # beta: k1 KL-in-reward coefficient (kl_target set = adaptive); gamma/lam: GAE and vf_lr_mult: the
+    # value head's lr multiplier (rl.py uses them)
     "ppo": dict(eps_low=0.2, eps_high=0.2, clip_c=None, vf_coef=0.1, vf_clip=0.2, ent_coef=0.0,
-                beta=0.05, kl_target=None, gamma=1.0, lam=0.95),
+                beta=0.05, kl_target=None, gamma=1.0, lam=0.95, vf_lr_mult=10.0),
 }
 DEFAULTS["cliff"] = dict(DEFAULTS["grpo"])
 DEFAULTS.update(dpo=dict(beta=0.1, kind="sigmoid", label_smoothing=0.0), ipo=dict(beta=0.1, kind="ipo"),

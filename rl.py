@@ -1,25 +1,27 @@
 """
-Reinforcement learning from the SFT checkpoint with verifiable rewards, any loss of losses.LOSSES.
+Reinforcement learning from the SFT checkpoint: any loss of losses.LOSSES or losses.PREF_LOSSES.
 
-    python rl.py --loss=grpo          # or dapo, dr_grpo, gspo, sapo, cispo, gapo, pnpo, cliff, reinforce, rloo
+    python rl.py --loss=grpo          # or dapo, dr_grpo, gspo, sapo, cispo, gapo, pnpo, cliff, reinforce, rloo, ppo
     python rl.py --loss=dapo --lr=1e-4 --group_size=8 --max_iters=50
+    python rl.py --loss=ppo --reward=rm   # PPO against a reward_model.py checkpoint (RLHF)
     python rl.py --loss=dpo           # or ipo, kto: preference optimisation; --pairs=online samples them
 
-One step: pick train prompts -> G samples each with the KV-cache sampler -> binary exact-match
-rewards (verify.py) -> advantages (the loss's kind) -> reference log-probs (only when a KL term
-needs them) -> `ppo_epochs` x `minibatches` clipped updates. Dynamic sampling (on by default) drops
-groups whose rewards are all equal and refills the batch with new prompts.
+One step: pick train prompts -> G samples each with the KV-cache sampler -> rewards (binary exact
+match from verify.py, or `--reward=rm` a reward model's score) -> advantages (the loss's kind; PPO:
+GAE on its value head) -> reference log-probs (only when a KL term needs them) -> `ppo_epochs` x
+`minibatches` clipped updates. Dynamic sampling (on by default) drops groups whose rewards are all
+equal and refills the batch with new prompts.
 The sampler's log-probs are the old log-probs (same tempered distribution, dropout off), so nothing
 is recomputed; `rl/logp_mismatch` checks that the trainer agrees at the first update.
 Held-out eval (test greedy accuracy, pass@1, pass@8; val accuracy picks best.pt) at step 0, every
 `eval_interval` and at the end, with KL to the reference on fresh samples for every loss.
 Writes out_dir/{ckpt.pt,best.pt,metrics.jsonl}.
 
-Preference losses (losses.PREF_LOSSES: dpo, ipo, kto) take the same eval, checkpoint and logging
-path. `--pairs=offline` reads data/<task>/pairs_train.jsonl (kto: kto_train.jsonl), prompts_per_step
-pairs (kto: 2x that many labelled answers) per step; `--pairs=online` samples G answers per train
-prompt from the current policy and pairs a verified-correct with a verified-wrong one (prompts
-without both are dropped, counted in rl/zero_std_frac, and refilled like dynamic sampling).
+Preference losses (dpo, ipo, kto) take the same eval, checkpoint and logging path. `--pairs=offline`
+reads data/<task>/pairs_train.jsonl (kto: kto_train.jsonl), prompts_per_step pairs (kto: 2x that
+many labelled answers) per step; `--pairs=online` samples G answers per train prompt from the
+current policy and pairs a verified-correct with a verified-wrong one (prompts without both are
+dropped, counted in rl/zero_std_frac, and refilled like dynamic sampling).
 """
 import copy
 import math
@@ -36,8 +38,8 @@ from data.tasks import ensure_data, format_answer, load_problems, load_records
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 from verify import exact_answer, first_wrong_token, overlong_penalty
 
-# DAPO's overlong shaping window (Yu et al. 2025), its one rollout-side default; the loss-side
-# defaults of every algorithm live in losses.DEFAULTS.
+# Rollout-side defaults that differ by loss (the loss-side ones live in losses.DEFAULTS): DAPO's
+# overlong shaping window (Yu et al. 2025), on for dapo only.
 OVERLONG_DEFAULT = {"dapo": 2}
 
 
@@ -79,6 +81,7 @@ class Config:
     vf_clip: Optional[float] = None  # ppo: value clipping range, 0 = off
     ent_coef: Optional[float] = None  # ppo: entropy bonus
     kl_target: Optional[float] = None  # ppo: adaptive KL controller target (per-token k1); unset = fixed beta
+    vf_lr_mult: Optional[float] = None  # ppo: the value head's lr = lr * vf_lr_mult
     gamma: Optional[float] = None  # ppo: GAE discount
     lam: Optional[float] = None  # ppo: GAE lambda
     label_smoothing: Optional[float] = None  # dpo (conservative DPO)
@@ -231,8 +234,8 @@ def advantages(cfg, batch, hp, ref_logp):
     R = batch["reward"]  # (N,)
     if cfg.loss == "ppo":  # InstructGPT: token rewards -beta*k1 + score at the last token, GAE, whitened
         mask = batch["response_mask"][:, batch["prompt_len"]:]
-        rewards = L.kl_in_reward(R, batch["logps"], ref_logp, mask, hp["beta"]) if hp["beta"] else \
-            L.kl_in_reward(R, batch["logps"], batch["logps"], mask, 0.0)  # (N, L)
+        lp = batch["logps"]
+        rewards = L.kl_in_reward(R, lp, ref_logp if hp["beta"] else lp, mask, hp["beta"])  # (N, L)
         adv, returns = L.gae(rewards, batch["values"], mask, hp["gamma"], hp["lam"])  # (N, L) each
         return L.whiten(adv, mask), dict(old_values=batch["values"], returns=returns)
     if cfg.loss in ("reinforce", "rloo") and hp["beta"] > 0:  # KL in the reward: R - beta * sum_t k1
@@ -299,7 +302,7 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
             batch["values"] = torch.where(mask.bool(), policy_logps(model, ids, offsets, full_mask, P, cfg.temperature, True)[2], 0.0)
     adv, extra = advantages(cfg, batch, hp, ref_logp)
     for g in opt.param_groups:
-        g["lr"] = lr
+        g["lr"] = lr * g.get("lr_scale", 1.0)
     N, stats = ids.size(0), {}
     for epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(N, generator=gen) if cfg.minibatches > 1 else torch.arange(N)
@@ -405,7 +408,7 @@ def main(cfg):
     if fresh_head:
         torch.nn.init.zeros_(model.score_head.weight)  # V = 0 everywhere at the start, not noise
     task, reverse = ckpt["config"].get("task", "mul"), ckpt["config"].get("reverse", False)
-    knobs = ("beta", "eps_low", "eps_high", "kl_estimator", "clip_c", "vf_coef", "vf_clip", "ent_coef", "kl_target",
+    knobs = ("beta", "eps_low", "eps_high", "kl_estimator", "clip_c", "vf_coef", "vf_clip", "ent_coef", "kl_target", "vf_lr_mult",
              "gamma", "lam", "label_smoothing", "lambda_d", "lambda_u")
     try:
         hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k) for k in knobs},
@@ -438,6 +441,12 @@ def main(cfg):
     ref = copy.deepcopy(model).eval().requires_grad_(False)  # frozen reference, never updated
     model.eval()  # dropout off for every log-prob (SPEC §9.5); there is no other train-mode layer
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99))
+    if cfg.loss == "ppo":  # the value head starts at zero and must catch up with the returns: a larger lr
+        head = {id(p) for p in model.score_head.parameters()}
+        for g in opt.param_groups:
+            g["params"] = [p for p in g["params"] if id(p) not in head]
+        opt.add_param_group({"params": list(model.score_head.parameters()), "weight_decay": 0.0,
+                             "lr_scale": hp["vf_lr_mult"]})
     gen = torch.Generator().manual_seed(cfg.seed)  # rollouts
     eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
     prompts = PromptSampler(len(train), torch.Generator().manual_seed(cfg.seed + 2), cfg.prompt_selection)
