@@ -199,7 +199,7 @@ DEFAULTS = {  # the papers' values, kept only here; None = off (clip_c) or must 
                 beta=0.05, kl_target=None, gamma=1.0, lam=0.95, vf_lr_mult=10.0),
 }
 DEFAULTS["cliff"] = dict(DEFAULTS["grpo"])
-DEFAULTS.update(dpo=dict(beta=0.1, kind="sigmoid", label_smoothing=0.0), ipo=dict(beta=0.1, kind="ipo"),
+DEFAULTS.update(dpo=dict(beta=0.1, kind="sigmoid", label_smoothing=0.0, rpo_alpha=0.0), ipo=dict(beta=0.1, kind="ipo"),
                 kto=dict(beta=0.1, lambda_d=1.0, lambda_u=1.0))  # preference losses (PREF_LOSSES)
 # group_advantages kind of each loss (SPEC §5); cliff builds token advantages with cliff_advantages
 ADVANTAGE_KIND = {"reinforce": "mean", "rloo": "rloo", "dr_grpo": "mean", "gapo": "mean"}  # others: "std"
@@ -426,13 +426,16 @@ LOSSES = dict(reinforce=reinforce, rloo=rloo, ppo=ppo, grpo=grpo, dr_grpo=dr_grp
 # Inputs are sequence sums of response log-probs (B,): the policy's with grad, the frozen reference's
 # without. Both losses are means over the batch (pairs for DPO/IPO, labelled answers for KTO).
 
-def dpo_loss(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta=0.1, kind="sigmoid", label_smoothing=0.0):
+def dpo_loss(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta=0.1, kind="sigmoid", label_smoothing=0.0,
+             rpo_alpha=0.0, chosen_len=None):
     """DPO (Rafailov et al. 2023) on the log-ratio margin m = (pi_c - ref_c) - (pi_r - ref_r):
       sigmoid: -(1-eps) log sigmoid(beta*m) - eps log sigmoid(-beta*m); eps = label_smoothing
                (conservative DPO, Mitchell 2023: optimum at beta*m = logit(1-eps); eps 0 = plain DPO)
       ipo:     (m - 1/(2*beta))^2 (IPO, Azar et al. 2023: optimum at m = 1/(2*beta)).
-    Mean over pairs. Stats: implicit rewards beta*(pi - ref) of chosen/rejected, beta*m, and the
-    fraction of pairs whose chosen reward is higher."""
+    rpo_alpha > 0 adds rpo_alpha * (-pi_c / |y_c|), the chosen answer's per-token NLL (RPO, Pang et
+    al. 2024), which stops DPO from lowering the chosen answers' likelihood along with the rejected
+    ones; chosen_len (B,) gives |y_c|. Mean over pairs. Stats: implicit rewards beta*(pi - ref) of
+    chosen/rejected, beta*m, and the fraction of pairs whose chosen reward is higher."""
     chosen, rejected = pi_chosen - ref_chosen, pi_rejected - ref_rejected  # (B,) log-ratios
     m = chosen - rejected                                                   # (B,)
     if kind == "sigmoid":
@@ -441,6 +444,8 @@ def dpo_loss(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta=0.1, kind="s
         per_pair = (m - 1 / (2 * beta)) ** 2
     else:
         raise ValueError(f"unknown DPO kind {kind!r}; valid: sigmoid, ipo")
+    if rpo_alpha:
+        per_pair = per_pair - rpo_alpha * pi_chosen / chosen_len
     stats = {"chosen_reward": (beta * chosen).mean().detach(), "rejected_reward": (beta * rejected).mean().detach(),
              "margin": (beta * m).mean().detach(), "pair_accuracy": (m > 0).float().mean()}
     return per_pair.mean(), stats

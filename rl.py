@@ -85,6 +85,7 @@ class Config:
     gamma: Optional[float] = None  # ppo: GAE discount
     lam: Optional[float] = None  # ppo: GAE lambda
     label_smoothing: Optional[float] = None  # dpo (conservative DPO)
+    rpo_alpha: Optional[float] = None  # dpo: weight of the chosen answers' NLL (RPO)
     lambda_d: Optional[float] = None  # kto: weight of desirable answers
     lambda_u: Optional[float] = None  # kto: weight of undesirable answers
     # eval / io
@@ -380,7 +381,8 @@ def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
         loss, st = L.PREF_LOSSES["kto"](pi, ref_lp, labels, pi_mis, ref_mis, **hp)
     else:
         n = len(rows) // 2
-        loss, st = L.PREF_LOSSES[cfg.loss](pi[:n], pi[n:], ref_lp[:n], ref_lp[n:], **hp)
+        chosen_len = torch.tensor([float(len(r)) for _, r in rows[:n]])  # (n,) |y_c| for rpo_alpha
+        loss, st = L.PREF_LOSSES[cfg.loss](pi[:n], pi[n:], ref_lp[:n], ref_lp[n:], chosen_len=chosen_len, **hp)
     for g in opt.param_groups:
         g["lr"] = lr
     opt.zero_grad(set_to_none=True)
@@ -409,7 +411,7 @@ def main(cfg):
         torch.nn.init.zeros_(model.score_head.weight)  # V = 0 everywhere at the start, not noise
     task, reverse = ckpt["config"].get("task", "mul"), ckpt["config"].get("reverse", False)
     knobs = ("beta", "eps_low", "eps_high", "kl_estimator", "clip_c", "vf_coef", "vf_clip", "ent_coef", "kl_target", "vf_lr_mult",
-             "gamma", "lam", "label_smoothing", "lambda_d", "lambda_u")
+             "gamma", "lam", "label_smoothing", "rpo_alpha", "lambda_d", "lambda_u")
     try:
         hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k) for k in knobs},
                                **({"max_new_tokens": cfg.max_new_tokens} if "max_new_tokens" in L.DEFAULTS[cfg.loss] else {}))

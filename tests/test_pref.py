@@ -148,3 +148,11 @@ def test_preference_config_errors(sft_ckpt, tmp_path):  # noqa: F811
         rl.main(rl.Config(loss="dpo", pairs="sometimes", sft_ckpt=sft_ckpt))
     with pytest.raises(UserError, match="has no hyperparameter 'label_smoothing'"):
         rl.main(rl.Config(loss="grpo", label_smoothing=0.1, sft_ckpt=sft_ckpt, out_dir=str(tmp_path)))
+
+
+def test_rpo_adds_the_chosen_per_token_nll():
+    pc, pr, rc, rr = LOG(.5, .2), LOG(.1, .1), LOG(.25, .25), LOG(.25, .25)
+    base, _ = L.dpo_loss(pc, pr, rc, rr, beta=1.0)
+    rpo, _ = L.dpo_loss(pc, pr, rc, rr, beta=1.0, rpo_alpha=0.5, chosen_len=torch.tensor([2.0, 4.0]))
+    nll = (-math.log(.5) / 2 - math.log(.2) / 4) / 2  # mean over pairs of -pi_c / |y_c|
+    assert rpo.item() == pytest.approx(base.item() + 0.5 * nll, abs=1e-6)
