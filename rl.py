@@ -18,7 +18,7 @@ Held-out eval (test greedy accuracy, pass@1, pass@8; val accuracy picks best.pt)
 Writes out_dir/{ckpt.pt,best.pt,metrics.jsonl}.
 
 Preference losses (dpo, ipo, kto) take the same eval, checkpoint and logging path. `--pairs=offline`
-reads data/<task>/pairs_train.jsonl (kto: kto_train.jsonl), prompts_per_step pairs (kto: 2x that
+reads data/<task>/pairs_train.jsonl (kto: kto_train.jsonl), pairs_per_step pairs (kto: 2x that
 many labelled answers) per step; `--pairs=online` samples G answers per train prompt from the
 current policy and pairs a verified-correct with a verified-wrong one (prompts without both are
 dropped, counted in rl/zero_std_frac, and refilled like dynamic sampling).
@@ -47,6 +47,7 @@ OVERLONG_DEFAULT = {"dapo": 2}
 class Config:
     loss: str = "grpo"  # a name in losses.LOSSES or losses.PREF_LOSSES
     pairs: str = "offline"  # preference losses: "offline" (data/ files) or "online" (from policy samples)
+    pairs_per_step: int = 256  # offline preference losses: pairs per step (kto: 2x as many labelled answers)
     sft_ckpt: str = "out/sft-mul/ckpt.pt"
     reward: str = "verifier"  # "verifier" (binary exact match) or "rm" (a reward_model.py checkpoint)
     rm_ckpt: str = "out/rm-mul/ckpt.pt"
@@ -392,10 +393,9 @@ def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
         raise FloatingPointError(bad)
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
     opt.step()
-    with torch.no_grad():
-        kl = (pi - ref_lp).mean().item()  # sequence log-ratio on the batch's answers
+    log_ratio = (pi.detach() - ref_lp).mean().item()  # mean sequence log pi/ref of the batch's answers
     return {**{f"rl/{k}": float(v) for k, v in st.items()}, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(),
-            "rl/lr": lr, "rl/log_ratio": kl, "rl/n_seqs": len(rows)}
+            "rl/lr": lr, "rl/log_ratio": log_ratio, "rl/n_seqs": len(rows)}
 
 
 def main(cfg):
@@ -485,7 +485,7 @@ def main(cfg):
         t0 = time.time()
         lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_iters))
         if pref and cfg.pairs == "offline":
-            n = cfg.prompts_per_step * (2 if cfg.loss == "kto" else 1)
+            n = cfg.pairs_per_step * (2 if cfg.loss == "kto" else 1)
             (rows, labels), batch, stats = record_rows(tok, [recs[i] for i in records.take(n)], reverse), None, {}
         else:  # preference losses online: only groups holding a right and a wrong answer are kept
             batch, stats = collect(model, tok, train, prompts, cfg, gen, reverse, dyn or pref, rm)

@@ -125,7 +125,7 @@ def test_empty_or_mislabelled_files_are_errors(tmp_path):
                                          ("dpo", "online"), ("kto", "online")])
 def test_preference_losses_run_and_log(sft_ckpt, tmp_path, monkeypatch, loss, pairs):  # noqa: F811
     monkeypatch.setattr(rl, "exact_answer", lambda text, gold, reverse=False: float(text[:1] == "1"))
-    res, rows = run(sft_ckpt, tmp_path, loss=loss, pairs=pairs)
+    res, rows = run(sft_ckpt, tmp_path, loss=loss, pairs=pairs, pairs_per_step=4)
     train = [r for r in rows if "rl/loss" in r]
     assert len(train) == 2 and all(math.isfinite(r["rl/loss"]) for r in train)
     keys = ["rl/z", "rl/desirable_reward", "rl/undesirable_reward"] if loss == "kto" else \
@@ -133,7 +133,7 @@ def test_preference_losses_run_and_log(sft_ckpt, tmp_path, monkeypatch, loss, pa
     assert all(k in train[-1] for k in keys)
     if pairs == "online":
         assert "rl/zero_std_frac" in train[-1]
-    assert train[0]["rl/n_seqs"] == 2 * 4  # prompts_per_step 4: 4 pairs or 8 labelled answers
+    assert train[0]["rl/n_seqs"] == 2 * 4  # 4 pairs or 8 labelled answers (pairs_per_step 4 offline, 4 prompts online)
     evals = [r for r in rows if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 2] and "eval/kl" in evals[-1]
     hp = [r for r in rows if "hparams/beta" in r][0]
