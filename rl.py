@@ -303,8 +303,6 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
         with torch.no_grad():
             batch["values"] = torch.where(mask.bool(), policy_logps(model, ids, offsets, full_mask, P, cfg.temperature, True)[2], 0.0)
     adv, extra = advantages(cfg, batch, hp, ref_logp)
-    for g in opt.param_groups:
-        g["lr"] = lr * g.get("lr_scale", 1.0)
     N, stats = ids.size(0), {}
     for epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(N, generator=gen) if cfg.minibatches > 1 else torch.arange(N)
@@ -321,20 +319,13 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
                     kw["entropy"] = L.token_entropy(logits, cfg.temperature)
             loss, st = L.LOSSES[cfg.loss](lp, old_logp[mb], adv[mb], mask[mb],
                                           ref_logp[mb] if ref_logp is not None else None, **hp, **kw)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            bad = nonfinite(loss, model)
-            if bad:
-                raise FloatingPointError(bad)
-            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-            opt.step()
+            gnorm = optimizer_step(model, opt, loss, lr, cfg.grad_clip)
     stats.update({f"rl/{k}": float(v) for k, v in st.items()})
     if ref_logp is not None:
         stats["rl/kl"] = L.masked_mean(L.kl_estimate(old_logp, ref_logp, "k3"), mask).item()
     if ppo:
         v, ret = batch["values"], extra["returns"]
-        resid = L.masked_mean((ret - v - L.masked_mean(ret - v, mask)) ** 2, mask)
-        stats.update({"rl/explained_variance": (1 - resid / L.masked_mean((ret - L.masked_mean(ret, mask)) ** 2, mask).clamp_min(1e-8)).item(),
+        stats.update({"rl/explained_variance": L.explained_variance(v, ret, mask).item(),
                       "rl/values_mean": L.masked_mean(v, mask).item(), "rl/returns_mean": L.masked_mean(ret, mask).item(),
                       "rl/beta": hp["beta"], "rl/kl_k1": L.masked_mean(old_logp - ref_logp, mask).item() if ref_logp is not None else 0.0})
     stats.update({"rl/loss": loss.item(), "rl/grad_norm": gnorm.item(), "rl/lr": lr,
@@ -384,15 +375,7 @@ def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
         n = len(rows) // 2
         chosen_len = torch.tensor([float(len(r)) for _, r in rows[:n]])  # (n,) |y_c| for rpo_alpha
         loss, st = L.PREF_LOSSES[cfg.loss](pi[:n], pi[n:], ref_lp[:n], ref_lp[n:], chosen_len=chosen_len, **hp)
-    for g in opt.param_groups:
-        g["lr"] = lr
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    bad = nonfinite(loss, model)
-    if bad:
-        raise FloatingPointError(bad)
-    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-    opt.step()
+    gnorm = optimizer_step(model, opt, loss, lr, cfg.grad_clip)
     log_ratio = (pi.detach() - ref_lp).mean().item()  # mean sequence log pi/ref of the batch's answers
     return {**{f"rl/{k}": float(v) for k, v in st.items()}, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(),
             "rl/lr": lr, "rl/log_ratio": log_ratio, "rl/n_seqs": len(rows)}
@@ -534,6 +517,21 @@ def eval_kl(model, ref, tok, problems, reverse, cfg, gen, n=256):
     P, mask = out["prompt_len"], out["response_mask"][:, out["prompt_len"]:].float()
     ref_lp = policy_logps(ref, out["ids"], out["offsets"], out["response_mask"], P, cfg.temperature)[0]
     return L.masked_mean(L.kl_estimate(out["logps"], ref_lp, "k3"), mask).item()
+
+
+def optimizer_step(model, opt, loss, lr, grad_clip):
+    """Backward, refuse a NaN/inf (FloatingPointError naming the tensor), clip, step at lr (times a
+    param group's lr_scale, the PPO value head's). Returns the gradient norm before clipping."""
+    for g in opt.param_groups:
+        g["lr"] = lr * g.get("lr_scale", 1.0)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    bad = nonfinite(loss, model)
+    if bad:
+        raise FloatingPointError(bad)
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt.step()
+    return gnorm
 
 
 def nonfinite(loss, model):
