@@ -118,13 +118,22 @@ def kl_in_reward(score, logp, ref_logp, mask, beta):
     return rewards
 
 
+def masked_var(x, mask):
+    """Population variance of x over the masked entries (0-d)."""
+    return masked_mean((x - masked_mean(x, mask)) ** 2, mask)
+
+
 def whiten(x, mask, eps=1e-8):
     """(B, T) advantages normalised to mean 0 and std 1 over the masked tokens (PPO's whitening);
     padding stays 0."""
     m = mask.bool()
-    mean = masked_mean(x, m)
-    var = masked_mean((x - mean) ** 2, m)
-    return torch.where(m, (x - mean) * torch.rsqrt(var + eps), 0.0)
+    return torch.where(m, (x - masked_mean(x, m)) * torch.rsqrt(masked_var(x, m) + eps), 0.0)
+
+
+def explained_variance(values, returns, mask):
+    """1 - Var(returns - values) / Var(returns) over the masked tokens: 1 = the value head predicts
+    the returns exactly, 0 = no better than their mean, < 0 = worse."""
+    return 1 - masked_var(returns - values, mask) / masked_var(returns, mask).clamp_min(1e-8)
 
 
 def adaptive_beta(beta, kl, target, n, horizon=10000):

@@ -6,7 +6,7 @@ import torch
 
 from losses import (DEFAULTS, LOSSES, PREF_LOSSES, adaptive_beta, bt_loss, clip_objective, cliff_advantages, gae, gapo_eps_high,
                     group_advantages, kl_estimate, kl_in_reward, masked_mean, masked_sum,
-                    resolve_hparams, response_logps, sequence_ratio, token_entropy, whiten)
+                    resolve_hparams, response_logps, sequence_ratio, token_entropy, whiten, explained_variance)
 
 # the reference batch: two right-padded responses of lengths 3 and 2
 LOGP = [[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]]
@@ -478,6 +478,10 @@ def test_whiten_and_adaptive_kl():
     assert w[m.bool()].pow(2).mean().item() == pytest.approx(1, abs=1e-5) and (w[~m.bool()] == 0).all()
     assert adaptive_beta(0.1, 0.2, 0.1, 1000) == pytest.approx(0.1 * (1 + 0.2 * 0.1))  # KL 2x target: +clip
     assert adaptive_beta(0.1, 0.09, 0.1, 1000) == pytest.approx(0.1 * (1 - 0.1 * 0.1))
+    # Var([0, 1] residual) / Var([0, 2] returns) = 0.25 / 1 over the two masked tokens; padding ignored
+    v, ret, m2 = torch.tensor([[0.0, 1.0, 5.0]]), torch.tensor([[0.0, 2.0, -7.0]]), torch.tensor([[1, 1, 0]])
+    assert explained_variance(v, ret, m2).item() == pytest.approx(0.75)
+    assert explained_variance(ret, ret, m2).item() == pytest.approx(1.0)
 
 
 def test_bradley_terry_one_sgd_step():
