@@ -208,10 +208,12 @@ DEFAULTS = {  # the papers' values, kept only here; None = off (clip_c) or must 
                 beta=0.05, kl_target=None, gamma=1.0, lam=0.95, vf_lr_mult=10.0),
 }
 DEFAULTS["cliff"] = dict(DEFAULTS["grpo"])
-# dpo: rpo_alpha 1 (RPO's NLL on the chosen answer) rather than plain DPO's 0: plain DPO on the offline pairs
-# lowers the chosen answers' likelihood with the rejected ones and lost 15 points here (README)
-DEFAULTS.update(dpo=dict(beta=0.1, kind="sigmoid", label_smoothing=0.0, rpo_alpha=1.0), ipo=dict(beta=0.1, kind="ipo"),
-                kto=dict(beta=0.1, lambda_d=1.0, lambda_u=1.0))  # preference losses (PREF_LOSSES)
+# rpo_alpha 1 (RPO's NLL on the chosen / desirable answers) rather than the papers' 0: without it, on the
+# offline pairs DPO lowered the chosen answers' likelihood along with the rejected ones and lost 15 points
+# here, IPO 3 and KTO 18 (README)
+DEFAULTS.update(dpo=dict(beta=0.1, kind="sigmoid", label_smoothing=0.0, rpo_alpha=1.0),
+                ipo=dict(beta=0.1, kind="ipo", rpo_alpha=1.0),
+                kto=dict(beta=0.1, lambda_d=1.0, lambda_u=1.0, rpo_alpha=1.0))  # preference losses (PREF_LOSSES)
 # group_advantages kind of each loss (SPEC §5); cliff builds token advantages with cliff_advantages
 ADVANTAGE_KIND = {"reinforce": "mean", "rloo": "rloo", "dr_grpo": "mean", "gapo": "mean"}  # others: "std"
 
@@ -462,15 +464,20 @@ def dpo_loss(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta=0.1, kind="s
     return per_pair.mean(), stats
 
 
-def kto_loss(pi_logp, ref_logp, desirable, pi_mismatch, ref_mismatch, beta=0.1, lambda_d=1.0, lambda_u=1.0):
+def kto_loss(pi_logp, ref_logp, desirable, pi_mismatch, ref_mismatch, beta=0.1, lambda_d=1.0, lambda_u=1.0,
+             rpo_alpha=0.0, length=None):
     """KTO (Ethayarajh et al. 2024). r = pi - ref per answer (B,); the reference point
     z = max(0, mean_j(pi_mismatch_j - ref_mismatch_j)) over mismatched pairs (x_i, y_j), j != i,
     detached; desirable answers lose lambda_d*(1 - sigmoid(beta*(r - z))), undesirable ones
-    lambda_u*(1 - sigmoid(beta*(z - r))). Mean over the batch (B answers)."""
+    lambda_u*(1 - sigmoid(beta*(z - r))). rpo_alpha > 0 adds rpo_alpha * (-pi / |y|) on desirable
+    answers, their per-token NLL as RPO adds it to DPO; length (B,) gives |y|. Mean over the batch
+    (B answers)."""
     r = pi_logp - ref_logp                                                  # (B,)
     z = (pi_mismatch - ref_mismatch).mean().clamp_min(0).detach()           # () reference point
     d = desirable.bool()
     per = torch.where(d, lambda_d * (1 - torch.sigmoid(beta * (r - z))), lambda_u * (1 - torch.sigmoid(beta * (z - r))))
+    if rpo_alpha:
+        per = per - rpo_alpha * torch.where(d, pi_logp / length, 0.0)
     rew = (beta * r).detach()
     stats = {"z": z, "desirable_reward": rew[d].mean() if d.any() else torch.tensor(0.0),
              "undesirable_reward": rew[~d].mean() if (~d).any() else torch.tensor(0.0)}

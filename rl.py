@@ -86,7 +86,7 @@ class Config:
     gamma: Optional[float] = None  # ppo: GAE discount
     lam: Optional[float] = None  # ppo: GAE lambda
     label_smoothing: Optional[float] = None  # dpo (conservative DPO)
-    rpo_alpha: Optional[float] = None  # dpo: weight of the chosen answers' NLL (RPO)
+    rpo_alpha: Optional[float] = None  # dpo/ipo/kto: weight of the chosen (kto: desirable) answers' NLL (RPO)
     lambda_d: Optional[float] = None  # kto: weight of desirable answers
     lambda_u: Optional[float] = None  # kto: weight of undesirable answers
     # eval / io
@@ -369,12 +369,12 @@ def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
             mismatched = [(p, rows[(i + 1) % len(rows)][1]) for i, (p, _) in enumerate(rows)]
             pi_mis, ref_mis = seq_logps(model, mismatched, tok.pad_id), seq_logps(ref, mismatched, tok.pad_id)
     pi = seq_logps(model, rows, tok.pad_id)  # (N,)
+    length = torch.tensor([float(len(r)) for _, r in rows])  # (N,) |y| for rpo_alpha's per-token NLL
     if cfg.loss == "kto":
-        loss, st = L.PREF_LOSSES["kto"](pi, ref_lp, labels, pi_mis, ref_mis, **hp)
+        loss, st = L.PREF_LOSSES["kto"](pi, ref_lp, labels, pi_mis, ref_mis, length=length, **hp)
     else:
         n = len(rows) // 2
-        chosen_len = torch.tensor([float(len(r)) for _, r in rows[:n]])  # (n,) |y_c| for rpo_alpha
-        loss, st = L.PREF_LOSSES[cfg.loss](pi[:n], pi[n:], ref_lp[:n], ref_lp[n:], chosen_len=chosen_len, **hp)
+        loss, st = L.PREF_LOSSES[cfg.loss](pi[:n], pi[n:], ref_lp[:n], ref_lp[n:], chosen_len=length[:n], **hp)
     gnorm = optimizer_step(model, opt, loss, lr, cfg.grad_clip)
     log_ratio = (pi.detach() - ref_lp).mean().item()  # mean sequence log pi/ref of the batch's answers
     return {**{f"rl/{k}": float(v) for k, v in st.items()}, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(),

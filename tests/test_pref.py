@@ -156,3 +156,12 @@ def test_rpo_adds_the_chosen_per_token_nll():
     rpo, _ = L.dpo_loss(pc, pr, rc, rr, beta=1.0, rpo_alpha=0.5, chosen_len=torch.tensor([2.0, 4.0]))
     nll = (-math.log(.5) / 2 - math.log(.2) / 4) / 2  # mean over pairs of -pi_c / |y_c|
     assert rpo.item() == pytest.approx(base.item() + 0.5 * nll, abs=1e-6)
+
+
+def test_kto_rpo_adds_the_desirable_per_token_nll_only():
+    pi, rf = LOG(.5, .2), LOG(.25, .25)
+    args = (pi, rf, torch.tensor([1, 0]), LOG(.3, .3), rf)
+    base, _ = L.kto_loss(*args, beta=1.0)
+    rpo, _ = L.kto_loss(*args, beta=1.0, rpo_alpha=0.5, length=torch.tensor([2.0, 4.0]))
+    nll = (-math.log(.5) / 2 + 0.0) / 2  # mean over answers; the undesirable one adds no NLL
+    assert rpo.item() == pytest.approx(base.item() + 0.5 * nll, abs=1e-6)
