@@ -11,7 +11,9 @@ import difflib
 import json
 import math
 import os
+import signal
 import sys
+import threading
 import typing
 from dataclasses import asdict, fields
 
@@ -141,6 +143,59 @@ class Logger:
                 self.wandb.finish()
             except Exception:
                 pass
+
+
+def truncate_metrics(path, step):
+    """On resume, drop rows logged after the checkpoint's step (and a broken last line, e.g. from a
+    killed run) so that the resumed run appends without repeating a row."""
+    if not os.path.exists(path):
+        return
+    keep = []
+    for line in open(path):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if row.get("step", 0) <= step:
+            keep.append(line if line.endswith("\n") else line + "\n")
+    with open(path + ".tmp", "w") as f:
+        f.writelines(keep)
+    os.replace(path + ".tmp", path)
+
+
+# ----------------------------------------------------------------------------- faults
+
+class StopFlag:
+    """SIGINT / SIGTERM set `.signal`; the training loop finishes its step, saves a checkpoint and
+    returns (exit 0). A second signal stops at once (KeyboardInterrupt). `restore()` puts the old
+    handlers back. Outside the main thread (where Python cannot take signals) it does nothing."""
+
+    def __init__(self):
+        self.signal, self.old = None, {}
+        if threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)}
+
+    def _handle(self, signum, frame):
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+        print(f"\n{self.signal}: finishing this step, then saving a checkpoint and exiting "
+              "(send it again to stop at once)", flush=True)
+
+    def restore(self):
+        for s, h in self.old.items():
+            signal.signal(s, h)
+        self.old = {}
+
+
+def nonfinite(loss, model):
+    """Name of the first non-finite tensor (the loss, then gradients in parameter order), or ''."""
+    if not torch.isfinite(loss):
+        return f"loss ({loss.item()})"
+    for name, p in model.named_parameters():
+        if p.grad is not None and not torch.isfinite(p.grad).all():
+            return f"gradient of {name}"
+    return ""
 
 
 # ----------------------------------------------------------------------------- evaluation

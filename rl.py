@@ -33,7 +33,8 @@ from typing import Optional
 import torch
 
 import losses as L
-from common import Logger, UserError, encode_prompts, evaluate, grade, pack, print_config, record_rows, run_cli
+from common import (Logger, StopFlag, UserError, encode_prompts, evaluate, grade, nonfinite, pack, print_config, record_rows,
+                    run_cli, truncate_metrics)
 from data.tasks import ensure_data, format_answer, load_problems, load_records
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 from verify import exact_answer, first_wrong_token, overlong_penalty
@@ -56,6 +57,8 @@ class Config:
     seed: int = 1337
     max_iters: int = 300  # ~5 min on 2 CPU cores
     eval_interval: int = 25
+    ckpt_interval: int = 25  # ckpt.pt every this many steps (and at every eval, and on SIGINT/SIGTERM)
+    resume: bool = False  # continue exactly (weights, optimizer, step, prompt order, RNGs) from out_dir/ckpt.pt
     # rollouts
     prompts_per_step: int = 64
     group_size: int = 16  # G samples per prompt
@@ -110,6 +113,11 @@ def check_config(cfg):
         raise UserError(f"pairs must be 'offline' or 'online', got {cfg.pairs!r}")
     if cfg.lr <= 0 or cfg.max_iters < 0 or cfg.max_new_tokens < 1 or cfg.prompts_per_step < 1:
         raise UserError("lr must be > 0, max_iters >= 0, max_new_tokens >= 1, prompts_per_step >= 1")
+    for k in ("eval_interval", "ckpt_interval", "pairs_per_step", "ppo_epochs", "minibatches"):
+        if getattr(cfg, k) < 1:
+            raise UserError(f"{k} must be >= 1, got {getattr(cfg, k)}")
+    if cfg.warmup_iters < 0 or cfg.weight_decay < 0 or cfg.grad_clip <= 0 or cfg.max_refills < 0 or cfg.eval_samples < 0:
+        raise UserError("warmup_iters, weight_decay, max_refills and eval_samples must be >= 0, grad_clip > 0")
     if cfg.group_size < 2:
         raise UserError(f"group_size must be >= 2 for group-relative advantages, got {cfg.group_size}")
     if cfg.temperature <= 0:
@@ -148,6 +156,13 @@ class PromptSampler:
         for i, r in zip(idx, group_rewards.tolist()):
             if min(r) == max(r):
                 self.saturated.add(i)
+
+    def state_dict(self):
+        return {"order": self.order, "pos": self.pos, "saturated": sorted(self.saturated), "gen": self.gen.get_state()}
+
+    def load_state_dict(self, s):
+        self.order, self.pos, self.saturated = s["order"], s["pos"], set(s["saturated"])
+        self.gen.set_state(s["gen"])
 
 
 class RunningMoments:
@@ -439,14 +454,40 @@ def main(cfg):
         kind = "kto" if cfg.loss == "kto" else "pairs"
         recs = load_records(root / f"{kind}_train.jsonl", kind)
         records = PromptSampler(len(recs), torch.Generator().manual_seed(cfg.seed + 2), selection=False)
+    ckpt_path, best, start, m0, m = os.path.join(out_dir, "ckpt.pt"), -1.0, 0, None, None
+    if cfg.resume:  # every piece of state that the next step reads comes back from ckpt.pt
+        ck = load_checkpoint(ckpt_path, hint="nothing to resume; drop --resume")
+        if ck["config"].get("loss") != cfg.loss or ck["model_args"] != asdict(model.config) or "rng" not in ck:
+            raise UserError(f"{ckpt_path}: cannot resume, it is not a {cfg.loss} run of this model "
+                            f"(loss {ck['config'].get('loss')!r}, model {ck['model_args']})")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        start, best, hp, m0, m = ck["step"], ck["best_val"], ck["hparams"], ck["start_eval"], ck["last_eval"]
+        for g, k in ((gen, "rollout"), (eval_gen, "eval")):
+            g.set_state(ck["rng"][k])
+        torch.set_rng_state(ck["rng"]["torch"])
+        prompts.load_state_dict(ck["sampler"])
+        if "records" in ck:
+            records.load_state_dict(ck["records"])
+        if rm is not None:
+            rm[1].n, rm[1].mean, rm[1].m2 = ck["rm_moments"]
+        truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), start)
+        print(f"resumed from {ckpt_path} at step {start}", flush=True)
     logger = Logger(out_dir, cfg)
-    logger.log({"step": 0, **{f"hparams/{k}": v for k, v in hp.items() if v is not None},
-                "hparams/dynamic_sampling": dyn, "hparams/overlong_window": window})
-    ckpt_path, best, t_start = os.path.join(out_dir, "ckpt.pt"), -1.0, time.time()
+    if not cfg.resume:
+        logger.log({"step": 0, **{f"hparams/{k}": v for k, v in hp.items() if v is not None},
+                    "hparams/dynamic_sampling": dyn, "hparams/overlong_window": window})
+    t_start = time.time()
 
     def save(name, step):
+        state = dict(rng={"rollout": gen.get_state(), "eval": eval_gen.get_state(), "torch": torch.get_rng_state()},
+                     sampler=prompts.state_dict(), start_eval=m0, last_eval=m, best_val=best, hparams=dict(hp))
+        if pref and cfg.pairs == "offline":
+            state["records"] = records.state_dict()
+        if rm is not None:
+            state["rm_moments"] = (rm[1].n, rm[1].mean, rm[1].m2)
         save_checkpoint(os.path.join(out_dir, name), model, opt, {**asdict(cfg), "task": task, "reverse": reverse},
-                        step, tok, best_val=best, hparams={k: v for k, v in hp.items() if v is not None})
+                        step, tok, **state)
 
     def run_eval(step):
         nonlocal best
@@ -457,48 +498,59 @@ def main(cfg):
         if m["val/accuracy"] > best:
             best = m["val/accuracy"]
             save("best.pt", step)
-        save("ckpt.pt", step)
         logger.log({"step": step, **m, "eval/examples": examples})
         print(f"step {step:4d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float))
               + f" | {time.time() - t_start:.0f}s", flush=True)
         return m
 
-    m = m0 = run_eval(0)
-    for step in range(cfg.max_iters):
-        t0 = time.time()
-        lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_iters))
-        if pref and cfg.pairs == "offline":
-            n = cfg.pairs_per_step * (2 if cfg.loss == "kto" else 1)
-            (rows, labels), batch, stats = record_rows(tok, [recs[i] for i in records.take(n)], reverse), None, {}
-        else:  # preference losses online: only groups holding a right and a wrong answer are kept
-            batch, stats = collect(model, tok, train, prompts, cfg, gen, reverse, dyn or pref, rm)
-            if batch is None:  # every group all-equal: nothing to learn from this step, and no NaN
-                print(f"step {step + 1}: every sampled group had equal rewards; no update", flush=True)
-                logger.log({"step": step + 1, **stats})
-                continue
-            if pref:
-                rows = online_rows(batch, cfg.group_size)
-                labels = torch.arange(len(rows)) < len(rows) // 2  # kto: the correct half is desirable
-        t_roll = time.time() - t0
-        try:
-            stats.update(pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr) if pref
-                         else update(model, ref, opt, batch, cfg, hp, gen, lr))
-        except FloatingPointError as e:
-            raise UserError(f"step {step + 1}: non-finite {e}; stopped, last good checkpoint kept at {ckpt_path}") from None
-        if cfg.loss == "ppo" and hp["kl_target"]:  # adaptive KL controller
-            hp["beta"] = L.adaptive_beta(hp["beta"], stats["rl/kl_k1"], hp["kl_target"], batch["ids"].size(0))
-        t_step = time.time() - t0
-        stats.update({"perf/rollout_s": t_roll, "perf/step_s": t_step})
-        if batch is not None:
-            stats["perf/rollout_tok_s"] = batch["length"].sum().item() / t_roll
-        logger.log({"step": step + 1, **stats})
-        show = ("loss", "margin", "pair_accuracy", "z", "log_ratio", "zero_std_frac") if pref else \
-            ("reward_mean", "rm_reward", "accuracy", "n_groups", "zero_std_frac", "entropy", "resp_len", "logp_mismatch",
-             "explained_variance", "value_loss")
-        print(f"step {step + 1:4d}/{cfg.max_iters} | " + " ".join(f"{k} {stats['rl/' + k]:.4g}" for k in show if 'rl/' + k in stats)
-              + f" | {t_step:.2f}s (rollout {t_roll:.2f}s) | {time.time() - t_start:.0f}s", flush=True)
-        if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters:
-            m = run_eval(step + 1)
+    stop = StopFlag()
+    try:
+        if not cfg.resume:
+            m = m0 = run_eval(0)
+            save("ckpt.pt", 0)
+        for step in range(start, cfg.max_iters):
+            t0 = time.time()
+            lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_iters))
+            if pref and cfg.pairs == "offline":
+                n = cfg.pairs_per_step * (2 if cfg.loss == "kto" else 1)
+                (rows, labels), batch, stats = record_rows(tok, [recs[i] for i in records.take(n)], reverse), None, {}
+            else:  # preference losses online: only groups holding a right and a wrong answer are kept
+                batch, stats = collect(model, tok, train, prompts, cfg, gen, reverse, dyn or pref, rm)
+                if batch is None:  # every group all-equal: nothing to learn from this step, and no NaN
+                    print(f"step {step + 1}: every sampled group had equal rewards; no update", flush=True)
+                if pref and batch is not None:
+                    rows = online_rows(batch, cfg.group_size)
+                    labels = torch.arange(len(rows)) < len(rows) // 2  # kto: the correct half is desirable
+            t_roll = time.time() - t0
+            if batch is not None or (pref and cfg.pairs == "offline"):
+                try:
+                    stats.update(pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr) if pref
+                                 else update(model, ref, opt, batch, cfg, hp, gen, lr))
+                except FloatingPointError as e:
+                    raise UserError(f"step {step + 1}: non-finite {e}; stopped, last good checkpoint kept at {ckpt_path}") from None
+                if cfg.loss == "ppo" and hp["kl_target"]:  # adaptive KL controller
+                    hp["beta"] = L.adaptive_beta(hp["beta"], stats["rl/kl_k1"], hp["kl_target"], batch["ids"].size(0))
+                t_step = time.time() - t0
+                stats.update({"perf/rollout_s": t_roll, "perf/step_s": t_step})
+                if batch is not None:
+                    stats["perf/rollout_tok_s"] = batch["length"].sum().item() / t_roll
+                show = ("loss", "margin", "pair_accuracy", "z", "log_ratio", "zero_std_frac") if pref else \
+                    ("reward_mean", "rm_reward", "accuracy", "n_groups", "zero_std_frac", "entropy", "resp_len", "logp_mismatch",
+                     "explained_variance", "value_loss")
+                elapsed = time.time() - t_start
+                print(f"step {step + 1:4d}/{cfg.max_iters} | " + " ".join(f"{k} {stats['rl/' + k]:.4g}" for k in show if 'rl/' + k in stats)
+                      + f" | {t_step:.2f}s (rollout {t_roll:.2f}s) | {elapsed:.0f}s, eta "
+                      f"{elapsed / (step + 1 - start) * (cfg.max_iters - step - 1):.0f}s", flush=True)
+            logger.log({"step": step + 1, **stats})
+            if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters:
+                m = run_eval(step + 1)
+            if (step + 1) % cfg.ckpt_interval == 0 or (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters or stop.signal:
+                save("ckpt.pt", step + 1)  # after the step's log and eval: a resume repeats nothing
+            if stop.signal:
+                print(f"{stop.signal}: saved {ckpt_path} at step {step + 1}; continue with --resume=true", flush=True)
+                break
+    finally:
+        stop.restore()
     print(f"held-out (test) greedy accuracy: {m0['eval/accuracy']:.4f} -> {m['eval/accuracy']:.4f} "
           f"({100 * (m['eval/accuracy'] - m0['eval/accuracy']):+.1f} points) in {time.time() - t_start:.0f}s; "
           + (f"pass@8 {m0['eval/pass@8']:.4f} -> {m['eval/pass@8']:.4f}; " if cfg.eval_samples else "")
@@ -532,16 +584,6 @@ def optimizer_step(model, opt, loss, lr, grad_clip):
     gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
     opt.step()
     return gnorm
-
-
-def nonfinite(loss, model):
-    """Name of the first non-finite tensor (the loss, then gradients in parameter order), or ''."""
-    if not torch.isfinite(loss):
-        return f"loss ({loss.item()})"
-    for name, p in model.named_parameters():
-        if p.grad is not None and not torch.isfinite(p.grad).all():
-            return f"gradient of {name}"
-    return ""
 
 
 if __name__ == "__main__":

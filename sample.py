@@ -32,7 +32,7 @@ class Config:
     batch_size: int = 512
 
 
-def read_prompts(cfg, tok):
+def read_prompts(cfg, tok, block_size):
     """[(prompt, gold or None)], each prompt checked against the vocabulary with its line number."""
     if bool(cfg.prompt) == bool(cfg.prompts_file):
         raise UserError("give exactly one of --prompt=... or --prompts_file=...")
@@ -52,9 +52,12 @@ def read_prompts(cfg, tok):
         if "=" in line and not line.endswith("="):
             prompt, gold = line[:line.index("=") + 1], line[line.index("=") + 1:]
         try:
-            tok.encode(prompt)
+            n_tok = len(tok.encode(prompt))
         except ValueError as e:
             raise UserError(f"{where}:{n}: {e}") from None
+        if n_tok + cfg.max_new_tokens > block_size:
+            raise UserError(f"{where}:{n}: a prompt of {n_tok} tokens + max_new_tokens={cfg.max_new_tokens} does not "
+                            f"fit the context window of {block_size} tokens")
         out.append((prompt, gold))
     if not out:
         raise UserError(f"{where}: no prompts")
@@ -65,11 +68,7 @@ def main(cfg):
     ckpt = load_checkpoint(cfg.ckpt)
     model, tok = model_from_checkpoint(ckpt, cfg.ckpt)
     reverse = ckpt["config"].get("reverse", False)
-    problems = read_prompts(cfg, tok)
-    longest = max(len(p) for p in encode_prompts(tok, [p for p, _ in problems], reverse))
-    if longest + cfg.max_new_tokens > model.config.block_size:
-        raise UserError(f"a prompt of {longest} tokens + max_new_tokens={cfg.max_new_tokens} does not fit the "
-                        f"context window of {model.config.block_size} tokens")
+    problems = read_prompts(cfg, tok, model.config.block_size)
     gen = torch.Generator().manual_seed(cfg.seed)
     correct = graded = 0
     for i in range(0, len(problems), cfg.batch_size):

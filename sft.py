@@ -10,7 +10,6 @@ exact-match accuracy on val (`val/accuracy`, used for `best.pt` and `target_val_
 test (`eval/accuracy`, `eval/n`, sampled `eval/pass@1`, `eval/pass@8`). Writes out_dir/ckpt.pt,
 out_dir/best.pt and out_dir/metrics.jsonl; `--resume=true` continues from out_dir/ckpt.pt.
 """
-import json
 import math
 import os
 import time
@@ -20,7 +19,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from common import Logger, UserError, encode_prompts, evaluate, print_config, run_cli
+from common import Logger, StopFlag, UserError, encode_prompts, evaluate, nonfinite, print_config, run_cli, truncate_metrics
 from data.tasks import ALPHABET, TASKS, ensure_data, format_answer, load_problems
 from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
 from tokenizer import CharTokenizer
@@ -59,7 +58,8 @@ class Config:
     target_val_accuracy: Optional[float] = None  # stop once val accuracy reaches this
     # io
     log_interval: int = 50
-    resume: bool = False
+    ckpt_interval: int = 250  # ckpt.pt every this many steps (and at every eval, and on SIGINT/SIGTERM)
+    resume: bool = False  # continue exactly (weights, optimizer, step, data order, RNGs) from out_dir/ckpt.pt
     threads: int = 0  # torch threads, 0 = torch's default
     wandb: bool = False
     wandb_project: str = "nanorl"
@@ -80,7 +80,9 @@ def encode_split(tok, problems, reverse, block_size, loss_on):
     rows = [(p, tok.encode(format_answer(a, reverse)) + [tok.eos_id]) for p, (_, a) in zip(prompts, problems)]
     T = max(len(p) + len(r) for p, r in rows) - 1
     if T + 1 > block_size:
-        raise UserError(f"problems of {T + 1} tokens do not fit block_size={block_size}")
+        i = next(i for i, (p, r) in enumerate(rows) if len(p) + len(r) > block_size)
+        raise UserError(f"problem {i + 1} ({''.join(problems[i])}) is {len(rows[i][0]) + len(rows[i][1])} tokens with EOS; "
+                        f"block_size={block_size} does not fit it")
     x = torch.full((len(rows), T), tok.pad_id, dtype=torch.long)
     y = torch.full((len(rows), T), tok.pad_id, dtype=torch.long)
     mask = torch.zeros(len(rows), T)
@@ -93,11 +95,28 @@ def encode_split(tok, problems, reverse, block_size, loss_on):
     return x, y, mask
 
 
-def main(cfg):
+def check_config(cfg):
+    """Reject bad values before any work starts."""
     if cfg.loss_on not in ("response", "all"):
         raise UserError(f"loss_on must be 'response' or 'all', got {cfg.loss_on!r}")
     if cfg.task not in TASKS:
         raise UserError(f"unknown task {cfg.task!r}; valid: {sorted(TASKS)}")
+    positive = ("lr", "batch_size", "n_layer", "n_head", "n_embd", "block_size", "max_new_tokens", "eval_interval",
+                "val_interval", "log_interval", "ckpt_interval")
+    for k in positive:
+        if getattr(cfg, k) <= 0:
+            raise UserError(f"{k} must be > 0, got {getattr(cfg, k)}")
+    for k in ("min_lr", "warmup_iters", "max_iters", "weight_decay", "grad_clip", "eval_samples", "dropout"):
+        if getattr(cfg, k) < 0:
+            raise UserError(f"{k} must be >= 0, got {getattr(cfg, k)}")
+    if not 0 <= cfg.dropout < 1 or not 0 <= cfg.beta1 < 1 or not 0 <= cfg.beta2 < 1:
+        raise UserError("dropout, beta1 and beta2 must be in [0, 1)")
+    if cfg.n_embd % cfg.n_head:
+        raise UserError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
+
+
+def main(cfg):
+    check_config(cfg)
     print_config(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -117,6 +136,9 @@ def main(cfg):
     step, best, resumed_at = 0, -1.0, None
     if cfg.resume:
         ckpt = load_checkpoint(ckpt_path, hint="nothing to resume; drop --resume")
+        if ckpt["model_args"] != asdict(model.config) or ckpt["tokenizer"] != tok.to_dict() or "rng" not in ckpt:
+            raise UserError(f"{ckpt_path}: cannot resume, the checkpoint's model, tokenizer or run state differs "
+                            f"from this config (model {ckpt['model_args']})")
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         step, best = ckpt["step"], ckpt.get("best_val", -1.0)
@@ -150,66 +172,60 @@ def main(cfg):
         save_checkpoint(os.path.join(cfg.out_dir, name), model, opt, asdict(cfg), step, tok, rng=rng,
                         best_val=best, **extra)
 
-    t0 = time.time()
+    t0, stop = time.time(), StopFlag()
     model.train()
-    while True:
-        last = step >= cfg.max_iters
-        full = step % cfg.eval_interval == 0 or last
-        check = cfg.target_val_accuracy is not None and step % cfg.val_interval == 0
-        if (full or check) and step != resumed_at:
-            acc = run_eval(full)
-            reached = cfg.target_val_accuracy is not None and acc >= cfg.target_val_accuracy
-            if reached and not full:
-                run_eval(full=True)  # the run's last row always has the full held-out metrics
-            if acc > best:
-                best = acc
-                save("best.pt")
-            save("ckpt.pt")
+    try:
+        while True:  # the checkpoint at the top of step s holds everything logged up to s
+            last = step >= cfg.max_iters
+            full = step % cfg.eval_interval == 0 or last
+            check = cfg.target_val_accuracy is not None and step % cfg.val_interval == 0
+            reached = False
+            if (full or check) and step != resumed_at:
+                acc = run_eval(full)
+                reached = cfg.target_val_accuracy is not None and acc >= cfg.target_val_accuracy
+                if reached and not full:
+                    run_eval(full=True)  # the run's last row always has the full held-out metrics
+                if acc > best:
+                    best = acc
+                    save("best.pt")
+            if step != resumed_at and ((full or check) or step % cfg.ckpt_interval == 0) or stop.signal:
+                save("ckpt.pt")
             if reached:
                 print(f"val accuracy {acc:.4f} >= target_val_accuracy {cfg.target_val_accuracy}: stopping", flush=True)
                 break
-        if last:
-            break
-        lr = lr_at(step, cfg)
-        for g in opt.param_groups:
-            g["lr"] = lr
-        idx = torch.randint(len(x), (cfg.batch_size,), generator=gen)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-            logits = model(x[idx])
-        nll = F.cross_entropy(logits.flatten(0, 1).float(), y[idx].flatten(), reduction="none")
-        loss = (nll * lmask[idx].flatten()).sum() / lmask[idx].sum()  # mean over target tokens
-        if not torch.isfinite(loss):
-            raise UserError(f"non-finite loss {loss.item()} at step {step}; last good checkpoint kept at {ckpt_path}")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-        opt.step()
-        step += 1
-        if step % cfg.log_interval == 0 or step == 1:
-            dt = time.time() - t0
-            logger.log({"step": step, "train/loss": loss.item(), "train/lr": lr, "train/grad_norm": gnorm.item(),
-                        "perf/elapsed_s": dt})
-            print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} | lr {lr:.2e} | {dt:.0f}s", flush=True)
+            if stop.signal:
+                print(f"{stop.signal}: saved {ckpt_path} at step {step}; continue with --resume=true", flush=True)
+                break
+            if last:
+                break
+            lr = lr_at(step, cfg)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            idx = torch.randint(len(x), (cfg.batch_size,), generator=gen)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+                logits = model(x[idx])
+            nll = F.cross_entropy(logits.flatten(0, 1).float(), y[idx].flatten(), reduction="none")
+            loss = (nll * lmask[idx].flatten()).sum() / lmask[idx].sum()  # mean over target tokens
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            bad = nonfinite(loss, model)
+            if bad:  # nothing is stepped or saved: the last checkpoint stays the last good one
+                raise UserError(f"step {step + 1}: non-finite {bad}; stopped, last good checkpoint kept at {ckpt_path}")
+            gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
+            opt.step()
+            step += 1
+            if step % cfg.log_interval == 0 or step == 1:
+                dt = time.time() - t0
+                eta = dt / (step - (resumed_at or 0)) * (cfg.max_iters - step)
+                logger.log({"step": step, "train/loss": loss.item(), "train/lr": lr, "train/grad_norm": gnorm.item(),
+                            "perf/elapsed_s": dt})
+                print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} | lr {lr:.2e} | {dt:.0f}s, eta {eta:.0f}s",
+                      flush=True)
+    finally:
+        stop.restore()
     print(f"done in {time.time() - t0:.0f}s; best val accuracy {best:.4f}; checkpoint {ckpt_path}", flush=True)
     logger.finish()
     return model
-
-
-def truncate_metrics(path, step):
-    """On resume, drop rows logged after the checkpoint (and a broken last line) so none repeat."""
-    if not os.path.exists(path):
-        return
-    keep = []
-    for line in open(path):
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if row.get("step", 0) <= step:
-            keep.append(line if line.endswith("\n") else line + "\n")
-    with open(path + ".tmp", "w") as f:
-        f.writelines(keep)
-    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":
