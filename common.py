@@ -7,6 +7,7 @@ line, fail naming the key and the closest valid one; values are converted by the
 
     cfg = load_config(Config, ["configs/mul.py", "--lr=3e-4", "--wandb=true"])
 """
+import datetime
 import difflib
 import json
 import math
@@ -29,7 +30,8 @@ class UserError(Exception):
 
 
 def run_cli(main, Config):
-    """Entry point of every script: parse the config, run main, turn user errors into one line."""
+    """Entry point of every script: parse the config, run main, turn user errors into one line. Under
+    torchrun, a collective that fails because another rank died or timed out is one line too (exit 1)."""
     from data.tasks import DataError
     from model import CheckpointError
     from tokenizer import TokenizerError
@@ -38,6 +40,53 @@ def run_cli(main, Config):
     except (UserError, DataError, CheckpointError, TokenizerError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    except (RuntimeError, torch.distributed.DistError) as e:
+        if not torch.distributed.is_initialized():
+            raise
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else e.__class__.__name__
+        print(f"error: rank {torch.distributed.get_rank()}: another rank died or did not answer in time, stopping "
+              f"({first})", file=sys.stderr)
+        os._exit(1)  # skip the process group's teardown, which would wait on the dead rank
+
+
+# ----------------------------------------------------------------------------- distributed (torchrun)
+
+def init_distributed(timeout_s=120):
+    """(rank, world_size) from torchrun's RANK / WORLD_SIZE, nanoGPT style; (0, 1) for a plain
+    `python script.py`. gloo on CPU, nccl on CUDA. A collective waits at most timeout_s for the other
+    ranks (rank 0 evaluates alone while the others wait, so this bounds eval time too)."""
+    if "RANK" not in os.environ:
+        return 0, 1
+    if not torch.distributed.is_initialized():
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def all_reduce(x, op="sum"):
+    """Sum or max of a number / tensor over ranks (itself on one process); returns a tensor."""
+    x = torch.as_tensor(x, dtype=torch.float64).clone()
+    if torch.distributed.is_initialized():
+        torch.distributed.all_reduce(x, {"sum": torch.distributed.ReduceOp.SUM, "max": torch.distributed.ReduceOp.MAX}[op])
+    return x
+
+
+def mean_over_ranks(stats):
+    """The numeric values of a metrics dict averaged over ranks (same keys on every rank)."""
+    keys = sorted(k for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
+    if not torch.distributed.is_initialized() or not keys:
+        return stats
+    v = all_reduce([float(stats[k]) for k in keys]) / torch.distributed.get_world_size()
+    return {**stats, **dict(zip(keys, v.tolist()))}
+
+
+def gather_objects(obj):
+    """[obj of rank 0, obj of rank 1, ...] on every rank ([obj] on one process)."""
+    if not torch.distributed.is_initialized():
+        return [obj]
+    out = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(out, obj)
+    return out
 
 
 # ----------------------------------------------------------------------------- config
@@ -113,12 +162,16 @@ def print_config(cfg):
 
 class Logger:
     """Appends one JSON object per event to out_dir/metrics.jsonl, mirrors it to wandb if enabled.
-    A wandb failure is reported once and never stops training."""
+    A fresh (not resumed) run moves an old metrics.jsonl to metrics.jsonl.prev rather than mixing
+    two runs' rows. A wandb failure is reported once and never stops training."""
 
-    def __init__(self, out_dir, cfg):
+    def __init__(self, out_dir, cfg, enabled=True):
+        self.path, self.wandb, self.enabled = os.path.join(out_dir, "metrics.jsonl"), None, enabled
+        if not enabled:  # a DDP rank other than 0 writes nothing
+            return
         os.makedirs(out_dir, exist_ok=True)
-        self.path = os.path.join(out_dir, "metrics.jsonl")
-        self.wandb = None
+        if not getattr(cfg, "resume", False) and os.path.exists(self.path):  # a fresh run: keep the last one's rows
+            os.replace(self.path, self.path + ".prev")
         if cfg.wandb:
             try:
                 import wandb
@@ -128,6 +181,8 @@ class Logger:
                 print(f"warning: wandb disabled ({e.__class__.__name__}: {e})", flush=True)
 
     def log(self, metrics):
+        if not self.enabled:
+            return
         with open(self.path, "a") as f:
             f.write(json.dumps(metrics) + "\n")
         if self.wandb is not None:

@@ -27,14 +27,14 @@ import copy
 import math
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Optional
 
 import torch
 
 import losses as L
-from common import (Logger, StopFlag, UserError, encode_prompts, evaluate, grade, nonfinite, pack, print_config, record_rows,
-                    run_cli, truncate_metrics)
+from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, evaluate, gather_objects, grade, init_distributed,
+                    mean_over_ranks, nonfinite, pack, print_config, record_rows, run_cli, truncate_metrics)
 from data.tasks import ensure_data, format_answer, load_problems, load_records
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 from verify import exact_answer, first_wrong_token, overlong_penalty
@@ -305,7 +305,10 @@ def collect(model, tok, train, prompts, cfg, gen, reverse, dyn, rm=None):
 
 def update(model, ref, opt, batch, cfg, hp, gen, lr):
     """ppo_epochs x minibatches optimizer steps on one rollout batch; each optimizer step normalises
-    by the token/sequence counts of its own minibatch. Raises FloatingPointError on a NaN/inf."""
+    by the token/sequence counts of its own minibatch. Raises FloatingPointError on a NaN/inf.
+    Under DDP (model wrapped, this rank's groups in batch) the counts are summed over ranks and the
+    loss is multiplied by world_size, so DDP's gradient average equals one process on all the groups."""
+    raw, world = getattr(model, "module", model), (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1)
     ids, offsets, full_mask, P = batch["ids"], batch["offsets"], batch["response_mask"], batch["prompt_len"]
     mask = full_mask[:, P:].float()  # (N, L) response tokens incl. EOS
     old_logp = batch["logps"]  # (N, L) sampler log-probs = old policy, nothing recomputed
@@ -316,7 +319,7 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     ppo = cfg.loss == "ppo"
     if ppo:  # the rollout's values V_old, from the same forward pass shape as the update's
         with torch.no_grad():
-            batch["values"] = torch.where(mask.bool(), policy_logps(model, ids, offsets, full_mask, P, cfg.temperature, True)[2], 0.0)
+            batch["values"] = torch.where(mask.bool(), policy_logps(raw, ids, offsets, full_mask, P, cfg.temperature, True)[2], 0.0)
     adv, extra = advantages(cfg, batch, hp, ref_logp)
     N, stats = ids.size(0), {}
     for epoch in range(cfg.ppo_epochs):
@@ -332,9 +335,10 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
                 kw["values"] = values
                 if hp["ent_coef"]:
                     kw["entropy"] = L.token_entropy(logits, cfg.temperature)
-            loss, st = L.LOSSES[cfg.loss](lp, old_logp[mb], adv[mb], mask[mb],
-                                          ref_logp[mb] if ref_logp is not None else None, **hp, **kw)
-            gnorm = optimizer_step(model, opt, loss, lr, cfg.grad_clip)
+            n_tokens, n_seqs = all_reduce([mask[mb].sum().item(), float(len(mb))]).tolist()  # global normalisers
+            loss, st = L.LOSSES[cfg.loss](lp, old_logp[mb], adv[mb], mask[mb], ref_logp[mb] if ref_logp is not None else None,
+                                          n_tokens=max(n_tokens, 1.0), n_seqs=n_seqs, **hp, **kw)
+            gnorm = optimizer_step(raw, opt, loss * world, lr, cfg.grad_clip)
     stats.update({f"rl/{k}": float(v) for k, v in st.items()})
     if ref_logp is not None:
         stats["rl/kl"] = L.masked_mean(L.kl_estimate(old_logp, ref_logp, "k3"), mask).item()
@@ -343,7 +347,7 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
         stats.update({"rl/explained_variance": L.explained_variance(v, ret, mask).item(),
                       "rl/values_mean": L.masked_mean(v, mask).item(), "rl/returns_mean": L.masked_mean(ret, mask).item(),
                       "rl/beta": hp["beta"], "rl/kl_k1": L.masked_mean(old_logp - ref_logp, mask).item() if ref_logp is not None else 0.0})
-    stats.update({"rl/loss": loss.item(), "rl/grad_norm": gnorm.item(), "rl/lr": lr,
+    stats.update({"rl/loss": loss.item() * world, "rl/grad_norm": gnorm.item(), "rl/lr": lr,
                   "rl/reward_mean": batch["reward"].mean().item(), "rl/accuracy": batch["correct"].mean().item(),
                   "rl/resp_len": batch["length"].mean().item(), "rl/n_tokens": mask.sum().item(),
                   "rl/truncated_frac": 1 - batch["finished"].float().mean().item(),
@@ -377,12 +381,14 @@ def online_rows(batch, G):
 
 def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
     """One optimizer step of DPO / IPO (rows: n chosen then n rejected) or KTO (rows with labels;
-    the mismatched pairs for z put answer i+1 after prompt i). Raises FloatingPointError on NaN."""
+    the mismatched pairs for z put answer i+1 after prompt i). Raises FloatingPointError on NaN.
+    Under DDP the batch mean is rescaled to a mean over every rank's rows (KTO's z stays per rank)."""
+    raw = getattr(model, "module", model)
     with torch.no_grad():
         ref_lp = seq_logps(ref, rows, tok.pad_id)  # (N,) computed once, no grad
         if cfg.loss == "kto":
             mismatched = [(p, rows[(i + 1) % len(rows)][1]) for i, (p, _) in enumerate(rows)]
-            pi_mis, ref_mis = seq_logps(model, mismatched, tok.pad_id), seq_logps(ref, mismatched, tok.pad_id)
+            pi_mis, ref_mis = seq_logps(raw, mismatched, tok.pad_id), seq_logps(ref, mismatched, tok.pad_id)
     pi = seq_logps(model, rows, tok.pad_id)  # (N,)
     length = torch.tensor([float(len(r)) for _, r in rows])  # (N,) |y| for rpo_alpha's per-token NLL
     if cfg.loss == "kto":
@@ -390,7 +396,9 @@ def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
     else:
         n = len(rows) // 2
         loss, st = L.PREF_LOSSES[cfg.loss](pi[:n], pi[n:], ref_lp[:n], ref_lp[n:], chosen_len=length[:n], **hp)
-    gnorm = optimizer_step(model, opt, loss, lr, cfg.grad_clip)
+    n_all = all_reduce(float(len(rows))).item()  # rows on every rank: DDP averages, so x local share
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    gnorm = optimizer_step(raw, opt, loss * (len(rows) * world / n_all), lr, cfg.grad_clip)
     log_ratio = (pi.detach() - ref_lp).mean().item()  # mean sequence log pi/ref of the batch's answers
     return {**{f"rl/{k}": float(v) for k, v in st.items()}, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(),
             "rl/lr": lr, "rl/log_ratio": log_ratio, "rl/n_seqs": len(rows)}
@@ -399,6 +407,12 @@ def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
 def main(cfg):
     check_config(cfg)
     out_dir = cfg.out_dir or f"out/rl-{cfg.loss}"
+    rank, world = init_distributed()  # torchrun: each rank samples its own share of the prompts, groups whole
+    master = rank == 0  # rank 0 alone evaluates, prints, saves and logs
+    if cfg.prompts_per_step % world or cfg.pairs_per_step % world:
+        raise UserError(f"prompts_per_step={cfg.prompts_per_step} and pairs_per_step={cfg.pairs_per_step} must divide "
+                        f"by the {world} ranks")
+    local = replace(cfg, prompts_per_step=cfg.prompts_per_step // world, pairs_per_step=cfg.pairs_per_step // world)
     ckpt = load_checkpoint(cfg.sft_ckpt, hint="make one with: python sft.py configs/mul.py")
     # PPO's critic is a value head on the policy's own trunk (one forward pass gives logits and values;
     # a separate critic would double the compute of every step at this scale); vf_coef keeps its
@@ -419,8 +433,10 @@ def main(cfg):
     dyn, window = cfg.dynamic_sampling, overlong_window(cfg)
     if (cfg.loss in ("cliff", "gapo") or pref) and window > 0:
         raise UserError(f"{cfg.loss} needs binary rewards: overlong shaping must be off (--overlong_window=0)")
-    print_config(cfg)
-    print(f"resolved: loss={cfg.loss} {hp} dynamic_sampling={dyn} overlong_window={window} out_dir={out_dir}", flush=True)
+    if master:
+        print_config(cfg)
+        print(f"resolved: loss={cfg.loss} {hp} dynamic_sampling={dyn} overlong_window={window} out_dir={out_dir} "
+              f"ranks={world}", flush=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -447,47 +463,57 @@ def main(cfg):
             g["params"] = [p for p in g["params"] if id(p) not in head]
         opt.add_param_group({"params": list(model.score_head.parameters()), "weight_decay": 0.0,
                              "lr_scale": hp["vf_lr_mult"]})
-    gen = torch.Generator().manual_seed(cfg.seed)  # rollouts
+    seed = cfg.seed + 1000 * rank  # per-rank seeds; rank 0 of a DDP run samples like a single process
+    gen = torch.Generator().manual_seed(seed)  # rollouts
     eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
-    prompts = PromptSampler(len(train), torch.Generator().manual_seed(cfg.seed + 2), cfg.prompt_selection)
+    shard = train[rank::world]  # this rank's train prompts
+    prompts = PromptSampler(len(shard), torch.Generator().manual_seed(seed + 2), cfg.prompt_selection)
     if pref and cfg.pairs == "offline":
         kind = "kto" if cfg.loss == "kto" else "pairs"
-        recs = load_records(root / f"{kind}_train.jsonl", kind)
-        records = PromptSampler(len(recs), torch.Generator().manual_seed(cfg.seed + 2), selection=False)
+        recs = load_records(root / f"{kind}_train.jsonl", kind)[rank::world]
+        records = PromptSampler(len(recs), torch.Generator().manual_seed(seed + 2), selection=False)
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model  # all-reduces gradients in backward
     ckpt_path, best, start, m0, m = os.path.join(out_dir, "ckpt.pt"), -1.0, 0, None, None
     if cfg.resume:  # every piece of state that the next step reads comes back from ckpt.pt
         ck = load_checkpoint(ckpt_path, hint="nothing to resume; drop --resume")
-        if ck["config"].get("loss") != cfg.loss or ck["model_args"] != asdict(model.config) or "rng" not in ck:
-            raise UserError(f"{ckpt_path}: cannot resume, it is not a {cfg.loss} run of this model "
-                            f"(loss {ck['config'].get('loss')!r}, model {ck['model_args']})")
+        if ck["config"].get("loss") != cfg.loss or ck["model_args"] != asdict(model.config) or len(ck.get("ranks", [])) != world:
+            raise UserError(f"{ckpt_path}: cannot resume, it is not a {cfg.loss} run of this model on {world} rank(s) "
+                            f"(loss {ck['config'].get('loss')!r}, {len(ck.get('ranks', []))} rank(s), model {ck['model_args']})")
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         start, best, hp, m0, m = ck["step"], ck["best_val"], ck["hparams"], ck["start_eval"], ck["last_eval"]
-        for g, k in ((gen, "rollout"), (eval_gen, "eval")):
-            g.set_state(ck["rng"][k])
-        torch.set_rng_state(ck["rng"]["torch"])
-        prompts.load_state_dict(ck["sampler"])
-        if "records" in ck:
-            records.load_state_dict(ck["records"])
+        mine = ck["ranks"][rank]  # this rank's samplers and generators
+        gen.set_state(mine["rollout"])
+        eval_gen.set_state(ck["eval_rng"])
+        torch.set_rng_state(mine["torch"])
+        prompts.load_state_dict(mine["sampler"])
+        if "records" in mine:
+            records.load_state_dict(mine["records"])
         if rm is not None:
-            rm[1].n, rm[1].mean, rm[1].m2 = ck["rm_moments"]
-        truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), start)
-        print(f"resumed from {ckpt_path} at step {start}", flush=True)
-    logger = Logger(out_dir, cfg)
+            rm[1].n, rm[1].mean, rm[1].m2 = mine["rm_moments"]
+        if master:
+            truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), start)
+            print(f"resumed from {ckpt_path} at step {start}", flush=True)
+    logger = Logger(out_dir, cfg, enabled=master)
     if not cfg.resume:
         logger.log({"step": 0, **{f"hparams/{k}": v for k, v in hp.items() if v is not None},
                     "hparams/dynamic_sampling": dyn, "hparams/overlong_window": window})
     t_start = time.time()
 
-    def save(name, step):
-        state = dict(rng={"rollout": gen.get_state(), "eval": eval_gen.get_state(), "torch": torch.get_rng_state()},
-                     sampler=prompts.state_dict(), start_eval=m0, last_eval=m, best_val=best, hparams=dict(hp))
+    def rank_state():
+        """What only this rank knows: its generators and samplers (gathered into every ckpt.pt)."""
+        s = {"rollout": gen.get_state(), "torch": torch.get_rng_state(), "sampler": prompts.state_dict()}
         if pref and cfg.pairs == "offline":
-            state["records"] = records.state_dict()
+            s["records"] = records.state_dict()
         if rm is not None:
-            state["rm_moments"] = (rm[1].n, rm[1].mean, rm[1].m2)
-        save_checkpoint(os.path.join(out_dir, name), model, opt, {**asdict(cfg), "task": task, "reverse": reverse},
-                        step, tok, **state)
+            s["rm_moments"] = (rm[1].n, rm[1].mean, rm[1].m2)
+        return s
+
+    def save(name, step, ranks):
+        if master:
+            save_checkpoint(os.path.join(out_dir, name), model, opt, {**asdict(cfg), "task": task, "reverse": reverse},
+                            step, tok, ranks=ranks, eval_rng=eval_gen.get_state(), start_eval=m0, last_eval=m,
+                            best_val=best, hparams=dict(hp))
 
     def run_eval(step):
         nonlocal best
@@ -497,7 +523,7 @@ def main(cfg):
         m["eval/kl"] = eval_kl(model, ref, tok, test, reverse, cfg, eval_gen)
         if m["val/accuracy"] > best:
             best = m["val/accuracy"]
-            save("best.pt", step)
+            save("best.pt", step, [rank_state()])
         logger.log({"step": step, **m, "eval/examples": examples})
         print(f"step {step:4d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float))
               + f" | {time.time() - t_start:.0f}s", flush=True)
@@ -506,34 +532,39 @@ def main(cfg):
     stop = StopFlag()
     try:
         if not cfg.resume:
-            m = m0 = run_eval(0)
-            save("ckpt.pt", 0)
+            m = m0 = run_eval(0) if master else None
+            save("ckpt.pt", 0, gather_objects(rank_state()))
         for step in range(start, cfg.max_iters):
             t0 = time.time()
             lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_iters))
             if pref and cfg.pairs == "offline":
-                n = cfg.pairs_per_step * (2 if cfg.loss == "kto" else 1)
+                n = local.pairs_per_step * (2 if cfg.loss == "kto" else 1)
                 (rows, labels), batch, stats = record_rows(tok, [recs[i] for i in records.take(n)], reverse), None, {}
             else:  # preference losses online: only groups holding a right and a wrong answer are kept
-                batch, stats = collect(model, tok, train, prompts, cfg, gen, reverse, dyn or pref, rm)
-                if batch is None:  # every group all-equal: nothing to learn from this step, and no NaN
-                    print(f"step {step + 1}: every sampled group had equal rewards; no update", flush=True)
+                batch, stats = collect(model, tok, shard, prompts, local, gen, reverse, dyn or pref, rm)
+                if all_reduce(float(batch is None), "max").item():  # a rank whose groups were all-equal: no update
+                    batch = None
+                    if master:
+                        print(f"step {step + 1}: every sampled group had equal rewards (on some rank); no update", flush=True)
                 if pref and batch is not None:
                     rows = online_rows(batch, cfg.group_size)
                     labels = torch.arange(len(rows)) < len(rows) // 2  # kto: the correct half is desirable
             t_roll = time.time() - t0
             if batch is not None or (pref and cfg.pairs == "offline"):
                 try:
-                    stats.update(pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr) if pref
-                                 else update(model, ref, opt, batch, cfg, hp, gen, lr))
+                    stats.update(pref_update(ddp, ref, opt, tok, rows, labels, cfg, hp, lr) if pref
+                                 else update(ddp, ref, opt, batch, cfg, hp, gen, lr))
                 except FloatingPointError as e:
                     raise UserError(f"step {step + 1}: non-finite {e}; stopped, last good checkpoint kept at {ckpt_path}") from None
-                if cfg.loss == "ppo" and hp["kl_target"]:  # adaptive KL controller
-                    hp["beta"] = L.adaptive_beta(hp["beta"], stats["rl/kl_k1"], hp["kl_target"], batch["ids"].size(0))
-                t_step = time.time() - t0
+            stats = mean_over_ranks(stats)
+            if cfg.loss == "ppo" and hp["kl_target"] and "rl/kl_k1" in stats:  # adaptive KL controller
+                hp["beta"] = L.adaptive_beta(hp["beta"], stats["rl/kl_k1"], hp["kl_target"], batch["ids"].size(0) * world)
+            t_step = time.time() - t0
+            if "rl/loss" in stats:
                 stats.update({"perf/rollout_s": t_roll, "perf/step_s": t_step})
                 if batch is not None:
                     stats["perf/rollout_tok_s"] = batch["length"].sum().item() / t_roll
+            if master and "rl/loss" in stats:
                 show = ("loss", "margin", "pair_accuracy", "z", "log_ratio", "zero_std_frac") if pref else \
                     ("reward_mean", "rm_reward", "accuracy", "n_groups", "zero_std_frac", "entropy", "resp_len", "logp_mismatch",
                      "explained_variance", "value_loss")
@@ -542,20 +573,25 @@ def main(cfg):
                       + f" | {t_step:.2f}s (rollout {t_roll:.2f}s) | {elapsed:.0f}s, eta "
                       f"{elapsed / (step + 1 - start) * (cfg.max_iters - step - 1):.0f}s", flush=True)
             logger.log({"step": step + 1, **stats})
-            if (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters:
+            if master and ((step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters):
                 m = run_eval(step + 1)
-            if (step + 1) % cfg.ckpt_interval == 0 or (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters or stop.signal:
-                save("ckpt.pt", step + 1)  # after the step's log and eval: a resume repeats nothing
-            if stop.signal:
-                print(f"{stop.signal}: saved {ckpt_path} at step {step + 1}; continue with --resume=true", flush=True)
+            stopping = all_reduce(float(stop.signal is not None), "max").item() > 0  # every rank stops at the same step
+            if (step + 1) % cfg.ckpt_interval == 0 or (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters or stopping:
+                save("ckpt.pt", step + 1, gather_objects(rank_state()))  # after the step's log and eval: a resume repeats nothing
+            if stopping:
+                if master:
+                    print(f"{stop.signal or 'SIGTERM'}: saved {ckpt_path} at step {step + 1}; continue with --resume=true", flush=True)
                 break
     finally:
         stop.restore()
-    print(f"held-out (test) greedy accuracy: {m0['eval/accuracy']:.4f} -> {m['eval/accuracy']:.4f} "
-          f"({100 * (m['eval/accuracy'] - m0['eval/accuracy']):+.1f} points) in {time.time() - t_start:.0f}s; "
-          + (f"pass@8 {m0['eval/pass@8']:.4f} -> {m['eval/pass@8']:.4f}; " if cfg.eval_samples else "")
-          + f"checkpoint {ckpt_path}", flush=True)
+    if master:
+        print(f"held-out (test) greedy accuracy: {m0['eval/accuracy']:.4f} -> {m['eval/accuracy']:.4f} "
+              f"({100 * (m['eval/accuracy'] - m0['eval/accuracy']):+.1f} points) in {time.time() - t_start:.0f}s; "
+              + (f"pass@8 {m0['eval/pass@8']:.4f} -> {m['eval/pass@8']:.4f}; " if cfg.eval_samples else "")
+              + f"checkpoint {ckpt_path}", flush=True)
     logger.finish()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return {"metrics": m, "model": model, "ref": ref}
 
 

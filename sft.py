@@ -19,7 +19,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from common import Logger, StopFlag, UserError, encode_prompts, evaluate, nonfinite, print_config, run_cli, truncate_metrics
+from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, evaluate, gather_objects, init_distributed, nonfinite,
+                    print_config, run_cli, truncate_metrics)
 from data.tasks import ALPHABET, TASKS, ensure_data, format_answer, load_problems
 from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
 from tokenizer import CharTokenizer
@@ -117,7 +118,12 @@ def check_config(cfg):
 
 def main(cfg):
     check_config(cfg)
-    print_config(cfg)
+    rank, world = init_distributed()  # torchrun: each rank draws batch_size / world_size rows, DDP averages
+    master = rank == 0  # rank 0 alone evaluates, prints, saves and logs
+    if cfg.batch_size % world:
+        raise UserError(f"batch_size={cfg.batch_size} must divide by the {world} ranks")
+    if master:
+        print_config(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -125,33 +131,38 @@ def main(cfg):
     train, val, test = (load_problems(root / f"{s}.txt") for s in ("train", "val", "test"))
     tok = CharTokenizer(ALPHABET)
     x, y, lmask = encode_split(tok, train, cfg.reverse, cfg.block_size, cfg.loss_on)
-    print(f"{cfg.task}: {len(train)} train / {len(val)} val / {len(test)} test problems", flush=True)
+    if master:
+        print(f"{cfg.task}: {len(train)} train / {len(val)} val / {len(test)} test problems", flush=True)
 
     model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=tok.vocab_size, n_layer=cfg.n_layer,
                           n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout))
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
-    gen = torch.Generator().manual_seed(cfg.seed)  # batch order
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model  # all-reduces gradients in backward
+    gen = torch.Generator().manual_seed(cfg.seed + 1000 * rank)  # batch order, per rank
     eval_gen = torch.Generator().manual_seed(cfg.seed + 1)  # pass@k samples
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     step, best, resumed_at = 0, -1.0, None
     if cfg.resume:
         ckpt = load_checkpoint(ckpt_path, hint="nothing to resume; drop --resume")
-        if ckpt["model_args"] != asdict(model.config) or ckpt["tokenizer"] != tok.to_dict() or "rng" not in ckpt:
-            raise UserError(f"{ckpt_path}: cannot resume, the checkpoint's model, tokenizer or run state differs "
-                            f"from this config (model {ckpt['model_args']})")
+        if ckpt["model_args"] != asdict(model.config) or ckpt["tokenizer"] != tok.to_dict() or len(ckpt.get("ranks", [])) != world:
+            raise UserError(f"{ckpt_path}: cannot resume, the checkpoint's model, tokenizer or number of ranks "
+                            f"({len(ckpt.get('ranks', []))}) differs from this run's (model {ckpt['model_args']})")
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         step, best = ckpt["step"], ckpt.get("best_val", -1.0)
         resumed_at = step  # its eval is already logged
-        gen.set_state(ckpt["rng"]["batch"])
-        eval_gen.set_state(ckpt["rng"]["eval"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        truncate_metrics(os.path.join(cfg.out_dir, "metrics.jsonl"), step)
-        print(f"resumed from {ckpt_path} at step {step}", flush=True)
+        gen.set_state(ckpt["ranks"][rank]["batch"])
+        torch.set_rng_state(ckpt["ranks"][rank]["torch"])
+        eval_gen.set_state(ckpt["eval_rng"])
+        if master:
+            truncate_metrics(os.path.join(cfg.out_dir, "metrics.jsonl"), step)
+            print(f"resumed from {ckpt_path} at step {step}", flush=True)
     # native bf16 matmuls (AVX512-BF16 / AMX) make a CPU step ~1.5x faster; elsewhere bf16 is emulated
     use_bf16 = cfg.bf16 if cfg.bf16 is not None else torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, bf16 autocast {use_bf16}", flush=True)
-    logger = Logger(cfg.out_dir, cfg)
+    if master:
+        print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, bf16 autocast {use_bf16}, "
+              f"{world} rank(s)", flush=True)
+    logger = Logger(cfg.out_dir, cfg, enabled=master)
 
     def run_eval(full):
         """Val greedy accuracy; with full, also test greedy accuracy and sampled pass@1/pass@8."""
@@ -167,10 +178,13 @@ def main(cfg):
         print(f"step {step:5d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float)), flush=True)
         return m["val/accuracy"]
 
-    def save(name, **extra):
-        rng = {"batch": gen.get_state(), "eval": eval_gen.get_state(), "torch": torch.get_rng_state()}
-        save_checkpoint(os.path.join(cfg.out_dir, name), model, opt, asdict(cfg), step, tok, rng=rng,
-                        best_val=best, **extra)
+    def rank_state():
+        return {"batch": gen.get_state(), "torch": torch.get_rng_state()}
+
+    def save(name, ranks):  # ranks: every rank's generators (gather_objects), so that resume is exact
+        if master:
+            save_checkpoint(os.path.join(cfg.out_dir, name), model, opt, asdict(cfg), step, tok, ranks=ranks,
+                            eval_rng=eval_gen.get_state(), best_val=best)
 
     t0, stop = time.time(), StopFlag()
     model.train()
@@ -180,32 +194,37 @@ def main(cfg):
             full = step % cfg.eval_interval == 0 or last
             check = cfg.target_val_accuracy is not None and step % cfg.val_interval == 0
             reached = False
-            if (full or check) and step != resumed_at:
+            if (full or check) and step != resumed_at and master:
                 acc = run_eval(full)
                 reached = cfg.target_val_accuracy is not None and acc >= cfg.target_val_accuracy
                 if reached and not full:
                     run_eval(full=True)  # the run's last row always has the full held-out metrics
                 if acc > best:
                     best = acc
-                    save("best.pt")
-            if step != resumed_at and ((full or check) or step % cfg.ckpt_interval == 0) or stop.signal:
-                save("ckpt.pt")
+                    save("best.pt", [rank_state()])
+            reached, stopping = (all_reduce([float(reached), float(stop.signal is not None)], "max") > 0).tolist()
+            if step != resumed_at and ((full or check) or step % cfg.ckpt_interval == 0) or stopping:
+                save("ckpt.pt", gather_objects(rank_state()))
             if reached:
-                print(f"val accuracy {acc:.4f} >= target_val_accuracy {cfg.target_val_accuracy}: stopping", flush=True)
+                if master:
+                    print(f"val accuracy {acc:.4f} >= target_val_accuracy {cfg.target_val_accuracy}: stopping", flush=True)
                 break
-            if stop.signal:
-                print(f"{stop.signal}: saved {ckpt_path} at step {step}; continue with --resume=true", flush=True)
+            if stopping:
+                if master:
+                    print(f"{stop.signal or 'stop signal'}: saved {ckpt_path} at step {step}; continue with "
+                          "--resume=true", flush=True)
                 break
             if last:
                 break
             lr = lr_at(step, cfg)
             for g in opt.param_groups:
                 g["lr"] = lr
-            idx = torch.randint(len(x), (cfg.batch_size,), generator=gen)
+            idx = torch.randint(len(x), (cfg.batch_size // world,), generator=gen)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-                logits = model(x[idx])
+                logits = ddp(x[idx])
             nll = F.cross_entropy(logits.flatten(0, 1).float(), y[idx].flatten(), reduction="none")
-            loss = (nll * lmask[idx].flatten()).sum() / lmask[idx].sum()  # mean over target tokens
+            n_targets = all_reduce(lmask[idx].sum()).item()  # over every rank's rows: DDP's average x world = the sum
+            loss = (nll * lmask[idx].flatten()).sum() / n_targets * world  # mean over target tokens
             opt.zero_grad(set_to_none=True)
             loss.backward()
             bad = nonfinite(loss, model)
@@ -217,13 +236,15 @@ def main(cfg):
             if step % cfg.log_interval == 0 or step == 1:
                 dt = time.time() - t0
                 eta = dt / (step - (resumed_at or 0)) * (cfg.max_iters - step)
-                logger.log({"step": step, "train/loss": loss.item(), "train/lr": lr, "train/grad_norm": gnorm.item(),
-                            "perf/elapsed_s": dt})
-                print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} | lr {lr:.2e} | {dt:.0f}s, eta {eta:.0f}s",
-                      flush=True)
+                logger.log({"step": step, "train/loss": all_reduce(loss.item()).item() / world, "train/lr": lr,
+                            "train/grad_norm": gnorm.item(), "perf/elapsed_s": dt})
+                if master:
+                    print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} | lr {lr:.2e} | {dt:.0f}s, eta {eta:.0f}s",
+                          flush=True)
     finally:
         stop.restore()
-    print(f"done in {time.time() - t0:.0f}s; best val accuracy {best:.4f}; checkpoint {ckpt_path}", flush=True)
+    if master:
+        print(f"done in {time.time() - t0:.0f}s; best val accuracy {best:.4f}; checkpoint {ckpt_path}", flush=True)
     logger.finish()
     return model
 

@@ -137,7 +137,7 @@ def test_preference_losses_run_and_log(sft_ckpt, tmp_path, monkeypatch, loss, pa
     evals = [r for r in rows if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 2] and "eval/kl" in evals[-1]
     hp = [r for r in rows if "hparams/beta" in r][0]
-    assert hp["hparams/beta"] == 0.1
+    assert hp["hparams/beta"] == L.DEFAULTS[loss]["beta"] and hp["hparams/rpo_alpha"] == 1.0
 
 
 def test_preference_config_errors(sft_ckpt, tmp_path):  # noqa: F811

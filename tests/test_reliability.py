@@ -216,3 +216,11 @@ def test_log_probs_stay_fp32_under_bf16():
     assert lp.dtype == torch.float32 and L.token_entropy(logits).dtype == torch.float32
     exact = torch.log_softmax(logits.double() / 0.7, -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
     assert torch.allclose(lp.double(), exact, atol=1e-5)  # fp32 math on the bf16 values, not bf16 math
+
+
+def test_a_fresh_run_keeps_the_previous_runs_metrics(tmp_path):
+    cfg = dict(TINY_SFT, max_iters=2, eval_interval=2, eval_samples=0, out_dir=str(tmp_path))
+    sft.main(sft.Config(**cfg))
+    first = rows(tmp_path / "metrics.jsonl")
+    sft.main(sft.Config(**cfg))
+    assert rows(tmp_path / "metrics.jsonl.prev") == first and rows(tmp_path / "metrics.jsonl") == first  # not appended

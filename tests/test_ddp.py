@@ -1,0 +1,117 @@
+"""DDP (torchrun, gloo on CPU): 2 ranks on the two halves of a rollout batch give the same update as
+1 process on the whole batch (global token/sequence normalisers), and a rank that dies makes the
+other exit with one clear line in bounded time, rank 0 alone writing files."""
+import copy
+import os
+import socket
+import subprocess
+import sys
+import time
+
+import torch
+import torch.multiprocessing as mp
+
+import losses as L
+import rl
+from model import GPT, GPTConfig, generate
+from test_rl import ROOT, sft_ckpt  # noqa: F401 (fixture)
+from tokenizer import CharTokenizer
+
+G = 4
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rollout_batch():
+    """A real sampled rollout of 4 groups of G from a tiny random model, with varied 0/1 rewards."""
+    torch.manual_seed(0)
+    tok = CharTokenizer("0123456789+*=-")
+    model = GPT(GPTConfig(block_size=24, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16))
+    prompts = [tok.encode(p) for p in ("12*3=", "4*56=", "7*8=", "91*2=")]
+    g = torch.Generator().manual_seed(1)
+    out = generate(model, prompts, 6, tok.eos_id, tok.pad_id, G=G, temperature=1.0, generator=g)
+    reward = torch.tensor([1., 0, 0, 1, 0, 0, 0, 1, 1, 1, 0, 1, 0, 1, 0, 0])  # (N,) every group mixed
+    out.update(reward=reward, correct=reward, first_wrong=torch.full((16,), -1),
+               length=out["response_mask"].sum(1).float(), finished=torch.ones(16, dtype=torch.bool))
+    return model, out
+
+
+def one_update(model, batch, loss):
+    cfg = rl.Config(loss=loss, group_size=G, max_new_tokens=6)
+    hp = L.resolve_hparams(loss, **({"max_new_tokens": 6} if "max_new_tokens" in L.DEFAULTS[loss] else {}))
+    ref = copy.deepcopy(getattr(model, "module", model)).requires_grad_(False)
+    opt = getattr(model, "module", model).configure_optimizer(1e-2, 0.0, (0.9, 0.99))
+    rl.update(model, ref, opt, batch, cfg, hp, torch.Generator().manual_seed(0), 1e-2)
+
+
+LOSSES = ["grpo", "dapo", "dr_grpo"]
+
+
+def ddp_worker(rank, world, port, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    from common import init_distributed
+    init_distributed()
+    for loss in LOSSES:
+        model, batch = rollout_batch()
+        keep = torch.arange(4) // 2 == rank  # rank 0: groups 0-1, rank 1: groups 2-3 (a group is never split)
+        one_update(torch.nn.parallel.DistributedDataParallel(model), rl.select_groups(batch, keep, G), loss)
+        if rank == 0:
+            torch.save(model.state_dict(), os.path.join(out_dir, f"{loss}.pt"))
+    torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_on_halves_equal_one_process_on_the_whole_batch(tmp_path):
+    """grpo divides by the sequence count, dapo by the token count, dr_grpo by a constant x sequences:
+    each rank's loss uses the global counts and is scaled by world_size against DDP's average."""
+    mp.spawn(ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    for loss in LOSSES:
+        model, batch = rollout_batch()
+        assert batch["response_mask"][:8].sum() != batch["response_mask"][8:].sum()  # unequal token counts per rank
+        start = copy.deepcopy(model.state_dict())
+        one_update(model, batch, loss)
+        ddp = torch.load(tmp_path / f"{loss}.pt", weights_only=True)
+        assert any((model.state_dict()[k] - start[k]).abs().max() > 1e-4 for k in start)  # the update did move them
+        for k, v in model.state_dict().items():
+            assert (v - ddp[k]).abs().max().item() <= 1e-5, (loss, k)
+
+
+RANK_SCRIPT = """
+import os, sys
+import common, rl
+if os.environ["RANK"] == "1":  # dies in its second update; must never write a file
+    real, n = rl.update, [0]
+    def dying(*a, **k):
+        n[0] += 1
+        if n[0] == 2:
+            os._exit(3)
+        return real(*a, **k)
+    rl.update = dying
+    rl.save_checkpoint = lambda *a, **k: sys.exit("rank 1 wrote a checkpoint")
+    rl.truncate_metrics = lambda *a, **k: sys.exit("rank 1 wrote metrics")
+sys.argv = ["rl.py"] + sys.argv[1:]
+common.run_cli(rl.main, rl.Config)
+"""
+
+
+def test_a_dead_rank_makes_the_other_exit_clearly(sft_ckpt, tmp_path):  # noqa: F811
+    port = free_port()
+    args = [f"--sft_ckpt={sft_ckpt}", f"--out_dir={tmp_path}", "--loss=grpo", "--max_iters=5", "--eval_interval=100",
+            "--prompts_per_step=4", "--group_size=4", "--eval_samples=0", "--threads=1", "--dynamic_sampling=false"]
+    procs = [subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
+                                   "LOCAL_RANK": str(r), "WORLD_SIZE": "2"}) for r in (0, 1)]
+    t0 = time.time()
+    out0, err0 = procs[0].communicate(timeout=150)
+    procs[1].communicate(timeout=30)
+    assert procs[1].returncode == 3  # the injected death
+    assert procs[0].returncode == 1 and time.time() - t0 < 120
+    lines = err0.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: rank 0: another rank died"), err0
+    assert set(os.listdir(tmp_path)) <= {"best.pt", "ckpt.pt", "metrics.jsonl"}  # rank 0's files, no temp left
+    assert "step    1/5" in out0 and "step    2/5" not in out0
