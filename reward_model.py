@@ -19,7 +19,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 import losses as L
-from common import Logger, UserError, encode_prompts, pack, print_config, record_rows, run_cli
+from common import (Logger, UserError, all_reduce, encode_prompts, init_distributed, mean_over_ranks, pack, print_config,
+                    record_rows, run_cli)
 from data.tasks import ensure_data, format_answer, load_problems, load_records
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 
@@ -91,7 +92,12 @@ def pair_accuracy(model, chosen, rejected, pad_id, kinds=None):
 
 
 def main(cfg):
-    print_config(cfg)
+    rank, world = init_distributed()  # torchrun: each rank samples its share of policy pairs and of every batch
+    master = rank == 0  # rank 0 alone evaluates, prints, saves and logs
+    if cfg.batch_size % world:
+        raise UserError(f"batch_size={cfg.batch_size} must divide by the {world} ranks")
+    if master:
+        print_config(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
@@ -99,7 +105,7 @@ def main(cfg):
     model, tok = model_from_checkpoint(ckpt, cfg.sft_ckpt, scalar_head=True)  # fresh head on the SFT trunk
     task, reverse = ckpt["config"].get("task", "mul"), ckpt["config"].get("reverse", False)
     root = ensure_data(task)
-    gen = torch.Generator().manual_seed(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed + 1000 * rank)
     t0 = time.time()
 
     def documented(split):
@@ -111,17 +117,21 @@ def main(cfg):
     va_c, va_r, _ = documented("val")
     te_c, te_r, te_k = documented("test")
     test = load_problems(root / "test.txt")
-    ev_c, ev_r = policy_pairs(model, tok, test, reverse, cfg.eval_policy_samples, cfg, torch.Generator().manual_seed(cfg.seed + 1))
+    ev_c, ev_r = policy_pairs(model, tok, test, reverse, cfg.eval_policy_samples, cfg, torch.Generator().manual_seed(cfg.seed + 1)) \
+        if master else ([], [])
     if cfg.policy_samples:
-        pc, pr = policy_pairs(model, tok, load_problems(root / "train.txt"), reverse, cfg.policy_samples, cfg, gen)
+        train = load_problems(root / "train.txt")[rank::world]  # this rank's share of the train prompts
+        pc, pr = policy_pairs(model, tok, train, reverse, cfg.policy_samples, cfg, gen)
         tr_c, tr_r, tr_k = tr_c + pc, tr_r + pr, tr_k + ["policy"] * len(pc)
-    print(f"{len(tr_c)} train pairs ({tr_k.count('policy')} from policy samples), {len(te_c)} test pairs, "
-          f"{len(ev_c)} test pairs with policy-sampled wrong answers ({time.time() - t0:.0f}s)", flush=True)
-    if not ev_c:
-        raise UserError("the SFT policy sampled no wrong answer on the test split; nothing to evaluate the RM on")
+    if master:
+        print(f"{len(tr_c)} train pairs ({tr_k.count('policy')} from policy samples), {len(te_c)} test pairs, "
+              f"{len(ev_c)} test pairs with policy-sampled wrong answers ({time.time() - t0:.0f}s)", flush=True)
+        if not ev_c:
+            raise UserError("the SFT policy sampled no wrong answer on the test split; nothing to evaluate the RM on")
 
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99))
-    logger = Logger(cfg.out_dir, cfg)
+    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model  # all-reduces gradients in backward
+    logger = Logger(cfg.out_dir, cfg, enabled=master)
     best = -1.0
 
     def run_eval(step):
@@ -140,33 +150,38 @@ def main(cfg):
         save_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"), model, opt, conf, step, tok, best_val=best)
         return m
 
-    m = run_eval(0)
+    m = run_eval(0) if master else None
     for step in range(1, cfg.max_iters + 1):
         model.train()
         lr = cfg.lr * min(1.0, step / cfg.warmup_iters)
         for g in opt.param_groups:
             g["lr"] = lr
-        idx = torch.randint(len(tr_c), (cfg.batch_size,), generator=gen).tolist()
-        s = scores(model, [tr_c[i] for i in idx] + [tr_r[i] for i in idx], tok.pad_id)  # (2B,)
-        loss, st = L.bt_loss(s[:cfg.batch_size], s[cfg.batch_size:])
-        if not torch.isfinite(loss):
+        B = cfg.batch_size // world  # every rank the same share: DDP's gradient average is the batch mean
+        idx = torch.randint(len(tr_c), (B,), generator=gen).tolist()
+        s = scores(ddp, [tr_c[i] for i in idx] + [tr_r[i] for i in idx], tok.pad_id)  # (2B,)
+        loss, st = L.bt_loss(s[:B], s[B:])
+        if not all_reduce(loss.detach()).isfinite():
             raise UserError(f"non-finite loss at step {step}; last good checkpoint kept in {cfg.out_dir}")
         opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         if step % 50 == 0:
-            logger.log({"step": step, "train/loss": loss.item(), "train/pair_accuracy": st["pair_accuracy"].item(),
-                        "train/margin": st["margin"].item(), "train/grad_norm": gnorm.item(), "train/lr": lr})
-            print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} acc {st['pair_accuracy'].item():.3f} "
-                  f"| {time.time() - t0:.0f}s", flush=True)
-        if step % cfg.eval_interval == 0 or step == cfg.max_iters:
+            st = mean_over_ranks({"train/loss": loss.item(), "train/pair_accuracy": st["pair_accuracy"].item(),
+                                  "train/margin": st["margin"].item()})
+            logger.log({"step": step, **st, "train/grad_norm": gnorm.item(), "train/lr": lr})
+            if master:
+                print(f"step {step:5d}/{cfg.max_iters} | loss {st['train/loss']:.4f} acc {st['train/pair_accuracy']:.3f} "
+                      f"| {time.time() - t0:.0f}s", flush=True)
+        if master and (step % cfg.eval_interval == 0 or step == cfg.max_iters):
             m = run_eval(step)
-    print(f"done in {time.time() - t0:.0f}s: test pair accuracy {m['eval/pair_accuracy']:.4f}, on policy-sampled "
-          f"wrong answers {m['eval/policy_pair_accuracy']:.4f}; checkpoint {cfg.out_dir}/ckpt.pt", flush=True)
+    if master:
+        print(f"done in {time.time() - t0:.0f}s: test pair accuracy {m['eval/pair_accuracy']:.4f}, on policy-sampled "
+              f"wrong answers {m['eval/policy_pair_accuracy']:.4f}; checkpoint {cfg.out_dir}/ckpt.pt", flush=True)
     logger.finish()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     return m
-
 
 if __name__ == "__main__":
     run_cli(main, Config)
