@@ -85,7 +85,7 @@ def test_sample_cli_and_accuracy_agrees(sft_run, tmp_path):
 @pytest.mark.parametrize("args,msg", [
     (["sample.py", "--ckpt=nowhere.pt", "--prompt=1*2="], "nowhere.pt: no such checkpoint"),
     (["sample.py", "--ckpt={ckpt}", "--prompt=12x3="], "character 'x'"),
-    (["sample.py", "--ckpt={ckpt}", "--prompt=" + "1" * 40], "context window"),
+    (["sample.py", "--ckpt={ckpt}", "--prompt=" + "1" * 40], "--prompt:1: a prompt of 40 tokens + max_new_tokens=8 does not fit the context window"),
     (["sft.py", "--lrr=1"], "unknown config key 'lrr' (did you mean 'lr'?)"),
 ])
 def test_bad_input_exits_with_one_line(sft_run, args, msg):
@@ -101,3 +101,10 @@ def test_wandb_offline_run_writes_its_files(tmp_path, monkeypatch):
     sft.main(sft.Config(max_iters=5, out_dir=str(tmp_path), wandb=True, **{**TINY, "eval_interval": 5, "eval_samples": 0}))
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1 and list(runs[0].glob("*.wandb"))  # the run's event log, ready for `wandb sync`
+
+
+def test_prompts_file_names_the_over_long_line(sft_run, tmp_path):
+    f = tmp_path / "p.txt"
+    f.write_text("12*34=\n\n" + "1" * 30 + "*2=\n")
+    r = cli("sample.py", f"--ckpt={sft_run}/ckpt.pt", f"--prompts_file={f}")
+    assert r.returncode == 2 and f"{f}:3: a prompt of 33 tokens" in r.stderr and len(r.stderr.strip().splitlines()) == 1
