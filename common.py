@@ -15,6 +15,7 @@ import os
 import signal
 import sys
 import threading
+import time
 import typing
 from dataclasses import asdict, fields
 
@@ -51,16 +52,60 @@ def run_cli(main, Config):
 
 # ----------------------------------------------------------------------------- distributed (torchrun)
 
-def init_distributed(timeout_s=120):
+def resolve_device(name):
+    """--device: "auto" = cuda > mps > cpu, else a torch device string; under torchrun "cuda" means
+    this process's GPU, cuda:LOCAL_RANK."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+    if name == "cuda" and "LOCAL_RANK" in os.environ:
+        name = f"cuda:{os.environ['LOCAL_RANK']}"
+    try:
+        dev = torch.device(name)
+    except RuntimeError:
+        raise UserError(f"device must be auto, cpu, cuda, cuda:N or mps, got {name!r}") from None
+    if (dev.type == "cuda" and not torch.cuda.is_available()) or (dev.type == "mps" and not torch.backends.mps.is_available()):
+        raise UserError(f"device {name!r} is not available on this machine (try --device=auto)")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    return dev
+
+
+def init_distributed(device, timeout_s=120):
     """(rank, world_size) from torchrun's RANK / WORLD_SIZE, nanoGPT style; (0, 1) for a plain
     `python script.py`. gloo on CPU, nccl on CUDA. A collective waits at most timeout_s for the other
     ranks (rank 0 evaluates alone while the others wait, so this bounds eval time too)."""
     if "RANK" not in os.environ:
         return 0, 1
     if not torch.distributed.is_initialized():
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        backend = "nccl" if device.type == "cuda" else "gloo"
         torch.distributed.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     return torch.distributed.get_rank(), torch.distributed.get_world_size()
+
+
+def bf16_default(device):
+    """bf16 autocast where the hardware has native bf16 matmuls: CUDA (Ampere+), CPUs with AVX512-BF16 / AMX."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    return device.type == "cpu" and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}  # dense bf16 tensor-core peaks (datasheets)
+
+
+def peak_flops(device):
+    """(FLOP/s, source) for MFU: a known GPU's bf16 datasheet peak; anywhere else the best of a few
+    1024x1024 fp32 matmuls measured now on this device (a real ceiling, not a guessed figure)."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for k, v in PEAK_BF16_FLOPS.items():
+            if k in name:
+                return v, f"{k} bf16 datasheet"
+    a, best = torch.randn(1024, 1024, device=device), 0.0
+    for _ in range(5):
+        t0 = time.perf_counter()
+        (a @ a).sum().item()  # .item() waits for the device
+        best = max(best, 2 * 1024 ** 3 / (time.perf_counter() - t0))
+    return best, f"measured {device.type} fp32 matmul"
 
 
 def all_reduce(x, op="sum"):

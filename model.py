@@ -169,6 +169,12 @@ class GPT(nn.Module):
             return logits, self.score_head(x).squeeze(-1)  # (B, T)
         return logits
 
+    def flops_per_token(self):
+        """Training FLOPs per token (forward + backward) at full context, as in the PaLM paper's
+        appendix B and nanoGPT: 6 * parameters + 12 * layers * width * block_size (attention)."""
+        c = self.config
+        return 6 * sum(p.numel() for p in self.parameters()) + 12 * c.n_layer * c.n_embd * c.block_size
+
     def configure_optimizer(self, lr, weight_decay, betas):
         """AdamW; weight decay only on matrices (dim >= 2), not on biases and LayerNorm gains."""
         params = [p for p in self.parameters() if p.requires_grad]

@@ -20,7 +20,7 @@ import torch
 
 import losses as L
 from common import (Logger, UserError, all_reduce, encode_prompts, init_distributed, mean_over_ranks, pack, print_config,
-                    record_rows, run_cli)
+                    record_rows, resolve_device, run_cli)
 from data.tasks import ensure_data, format_answer, load_problems, load_records
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 
@@ -42,6 +42,7 @@ class Config:
     temperature: float = 1.0  # the RL sampling temperature
     max_new_tokens: int = 8
     threads: int = 0
+    device: str = "auto"  # auto = cuda > mps > cpu
     wandb: bool = False
     wandb_project: str = "nanorl"
     wandb_run_name: str = ""
@@ -49,10 +50,11 @@ class Config:
 
 def scores(model, rows, pad_id):
     """(N,) scalar head at each row's last response token (the EOS of a finished answer)."""
-    ids, mask = pack(rows, pad_id)
+    dev = next(model.parameters()).device
+    ids, mask = (t.to(dev) for t in pack(rows, pad_id))
     _, s = model(ids, return_scalar=True)  # (N, T)
     last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # (N,) index of the last response token
-    return s[torch.arange(len(rows)), last]
+    return s[torch.arange(len(rows), device=dev), last]
 
 
 @torch.no_grad()
@@ -87,12 +89,13 @@ def pair_accuracy(model, chosen, rejected, pad_id, kinds=None):
                      for i in range(0, len(chosen), 512)]).float()  # (N,)
     out = {"": win.mean().item()}
     for k in sorted(set(kinds or [])):
-        out["/" + k] = win[torch.tensor([x == k for x in kinds])].mean().item()
+        out["/" + k] = win[torch.tensor([x == k for x in kinds], device=win.device)].mean().item()
     return out
 
 
 def main(cfg):
-    rank, world = init_distributed()  # torchrun: each rank samples its share of policy pairs and of every batch
+    dev = resolve_device(cfg.device)
+    rank, world = init_distributed(dev)  # torchrun: each rank samples its share of policy pairs and of every batch
     master = rank == 0  # rank 0 alone evaluates, prints, saves and logs
     if cfg.batch_size % world:
         raise UserError(f"batch_size={cfg.batch_size} must divide by the {world} ranks")
@@ -103,9 +106,10 @@ def main(cfg):
     torch.manual_seed(cfg.seed)
     ckpt = load_checkpoint(cfg.sft_ckpt, hint="make one with: python sft.py configs/mul.py")
     model, tok = model_from_checkpoint(ckpt, cfg.sft_ckpt, scalar_head=True)  # fresh head on the SFT trunk
+    model.to(dev)
     task, reverse = ckpt["config"].get("task", "mul"), ckpt["config"].get("reverse", False)
     root = ensure_data(task)
-    gen = torch.Generator().manual_seed(cfg.seed + 1000 * rank)
+    gen = torch.Generator(dev).manual_seed(cfg.seed + 1000 * rank)  # policy samples, then batch order
     t0 = time.time()
 
     def documented(split):
@@ -117,7 +121,7 @@ def main(cfg):
     va_c, va_r, _ = documented("val")
     te_c, te_r, te_k = documented("test")
     test = load_problems(root / "test.txt")
-    ev_c, ev_r = policy_pairs(model, tok, test, reverse, cfg.eval_policy_samples, cfg, torch.Generator().manual_seed(cfg.seed + 1)) \
+    ev_c, ev_r = policy_pairs(model, tok, test, reverse, cfg.eval_policy_samples, cfg, torch.Generator(dev).manual_seed(cfg.seed + 1)) \
         if master else ([], [])
     if cfg.policy_samples:
         train = load_problems(root / "train.txt")[rank::world]  # this rank's share of the train prompts
@@ -157,7 +161,7 @@ def main(cfg):
         for g in opt.param_groups:
             g["lr"] = lr
         B = cfg.batch_size // world  # every rank the same share: DDP's gradient average is the batch mean
-        idx = torch.randint(len(tr_c), (B,), generator=gen).tolist()
+        idx = torch.randint(len(tr_c), (B,), generator=gen, device=dev).tolist()
         s = scores(ddp, [tr_c[i] for i in idx] + [tr_r[i] for i in idx], tok.pad_id)  # (2B,)
         loss, st = L.bt_loss(s[:B], s[B:])
         if not all_reduce(loss.detach()).isfinite():

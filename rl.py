@@ -34,7 +34,7 @@ import torch
 
 import losses as L
 from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, evaluate, gather_objects, grade, init_distributed,
-                    mean_over_ranks, nonfinite, pack, print_config, record_rows, run_cli, truncate_metrics)
+                    mean_over_ranks, nonfinite, pack, print_config, record_rows, resolve_device, run_cli, truncate_metrics)
 from data.tasks import ensure_data, format_answer, load_problems, load_records
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 from verify import exact_answer, first_wrong_token, overlong_penalty
@@ -95,6 +95,9 @@ class Config:
     # eval / io
     eval_samples: int = 8  # samples per test problem for pass@1 / pass@8
     threads: int = 0
+    device: str = "auto"  # auto = cuda > mps > cpu
+    bf16: Optional[bool] = None  # bf16 autocast of rollouts and updates (log-softmax stays fp32); None = on CUDA
+    compile: bool = False  # torch.compile the training forward (checkpoints hold the plain model)
     wandb: bool = False
     wandb_project: str = "nanorl"
     wandb_run_name: str = ""
@@ -186,7 +189,7 @@ def rm_scores(rm, out):
     """(N,) reward-model score at each sampled response's last token (its EOS when it finished)."""
     _, s = rm(out["ids"], out["offsets"], return_scalar=True)  # (N, T)
     last = out["prompt_len"] + out["response_mask"][:, out["prompt_len"]:].sum(1) - 1  # (N,)
-    return s[torch.arange(s.size(0)), last]
+    return s[torch.arange(s.size(0), device=s.device), last]
 
 
 def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None):
@@ -208,8 +211,10 @@ def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None):
         first_wrong.append(-1 if fw is None else fw)
         lengths.append(len(ids))
         finished.append(done)
-    out.update(correct=torch.tensor(correct), reward=torch.tensor(reward), first_wrong=torch.tensor(first_wrong),
-               length=torch.tensor(lengths, dtype=torch.float), finished=torch.tensor(finished))
+    dev = out["ids"].device
+    out.update(correct=torch.tensor(correct, device=dev), reward=torch.tensor(reward, device=dev),
+               first_wrong=torch.tensor(first_wrong, device=dev), length=torch.tensor(lengths, dtype=torch.float, device=dev),
+               finished=torch.tensor(finished, device=dev))
     if rm is not None:
         raw = rm_scores(rm[0], out)  # (N,)
         if cfg.rm_normalize:
@@ -308,7 +313,7 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     by the token/sequence counts of its own minibatch. Raises FloatingPointError on a NaN/inf.
     Under DDP (model wrapped, this rank's groups in batch) the counts are summed over ranks and the
     loss is multiplied by world_size, so DDP's gradient average equals one process on all the groups."""
-    raw, world = getattr(model, "module", model), (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1)
+    raw, world = unwrap(model), (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1)
     ids, offsets, full_mask, P = batch["ids"], batch["offsets"], batch["response_mask"], batch["prompt_len"]
     mask = full_mask[:, P:].float()  # (N, L) response tokens incl. EOS
     old_logp = batch["logps"]  # (N, L) sampler log-probs = old policy, nothing recomputed
@@ -323,7 +328,7 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     adv, extra = advantages(cfg, batch, hp, ref_logp)
     N, stats = ids.size(0), {}
     for epoch in range(cfg.ppo_epochs):
-        perm = torch.randperm(N, generator=gen) if cfg.minibatches > 1 else torch.arange(N)
+        perm = torch.randperm(N, generator=gen, device=gen.device) if cfg.minibatches > 1 else torch.arange(N)
         for mb in perm.chunk(cfg.minibatches):
             lp, logits, values = policy_logps(model, ids[mb], offsets[mb], full_mask[mb], P, cfg.temperature, ppo)
             if not stats:  # first update of a fresh rollout: the ratio must be exactly 1 (SPEC §9.2)
@@ -361,7 +366,8 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
 
 def seq_logps(model, rows, pad_id):
     """(N,) sum of the response tokens' log-probs of each (prompt ids, response ids) row."""
-    ids, mask = pack(rows, pad_id)
+    dev = next(model.parameters()).device
+    ids, mask = (t.to(dev) for t in pack(rows, pad_id))
     lp, m = L.response_logps(model(ids), ids, mask)
     return L.masked_sum(lp, m, dim=1)
 
@@ -383,16 +389,16 @@ def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
     """One optimizer step of DPO / IPO (rows: n chosen then n rejected) or KTO (rows with labels;
     the mismatched pairs for z put answer i+1 after prompt i). Raises FloatingPointError on NaN.
     Under DDP the batch mean is rescaled to a mean over every rank's rows (KTO's z stays per rank)."""
-    raw = getattr(model, "module", model)
+    raw = unwrap(model)
     with torch.no_grad():
         ref_lp = seq_logps(ref, rows, tok.pad_id)  # (N,) computed once, no grad
         if cfg.loss == "kto":
             mismatched = [(p, rows[(i + 1) % len(rows)][1]) for i, (p, _) in enumerate(rows)]
             pi_mis, ref_mis = seq_logps(raw, mismatched, tok.pad_id), seq_logps(ref, mismatched, tok.pad_id)
     pi = seq_logps(model, rows, tok.pad_id)  # (N,)
-    length = torch.tensor([float(len(r)) for _, r in rows])  # (N,) |y| for rpo_alpha's per-token NLL
+    length = torch.tensor([float(len(r)) for _, r in rows], device=pi.device)  # (N,) |y| for rpo_alpha's per-token NLL
     if cfg.loss == "kto":
-        loss, st = L.PREF_LOSSES["kto"](pi, ref_lp, labels, pi_mis, ref_mis, length=length, **hp)
+        loss, st = L.PREF_LOSSES["kto"](pi, ref_lp, labels.to(pi.device), pi_mis, ref_mis, length=length, **hp)
     else:
         n = len(rows) // 2
         loss, st = L.PREF_LOSSES[cfg.loss](pi[:n], pi[n:], ref_lp[:n], ref_lp[n:], chosen_len=length[:n], **hp)
@@ -407,7 +413,8 @@ def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
 def main(cfg):
     check_config(cfg)
     out_dir = cfg.out_dir or f"out/rl-{cfg.loss}"
-    rank, world = init_distributed()  # torchrun: each rank samples its own share of the prompts, groups whole
+    dev = resolve_device(cfg.device)
+    rank, world = init_distributed(dev)  # torchrun: each rank samples its own share of the prompts, groups whole
     master = rank == 0  # rank 0 alone evaluates, prints, saves and logs
     if cfg.prompts_per_step % world or cfg.pairs_per_step % world:
         raise UserError(f"prompts_per_step={cfg.prompts_per_step} and pairs_per_step={cfg.pairs_per_step} must divide "
@@ -419,6 +426,7 @@ def main(cfg):
     # gradient small next to the policy's. Only --loss=ppo adds it and trains it.
     fresh_head = cfg.loss == "ppo" and not ckpt.get("model_args", {}).get("scalar_head")
     model, tok = model_from_checkpoint(ckpt, cfg.sft_ckpt, scalar_head=True if cfg.loss == "ppo" else None)
+    model.to(dev)
     if fresh_head:
         torch.nn.init.zeros_(model.score_head.weight)  # V = 0 everywhere at the start, not noise
     task, reverse = ckpt["config"].get("task", "mul"), ckpt["config"].get("reverse", False)
@@ -453,7 +461,7 @@ def main(cfg):
         rm_model, rm_tok = model_from_checkpoint(rm_ckpt, cfg.rm_ckpt)
         if rm_tok.to_dict() != tok.to_dict():
             raise UserError(f"{cfg.rm_ckpt}: the reward model's tokenizer differs from the policy's ({cfg.sft_ckpt})")
-        rm = (rm_model.eval().requires_grad_(False), RunningMoments())
+        rm = (rm_model.to(dev).eval().requires_grad_(False), RunningMoments())
     ref = copy.deepcopy(model).eval().requires_grad_(False)  # frozen reference, never updated
     model.eval()  # dropout off for every log-prob (SPEC §9.5); there is no other train-mode layer
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99))
@@ -464,15 +472,17 @@ def main(cfg):
         opt.add_param_group({"params": list(model.score_head.parameters()), "weight_decay": 0.0,
                              "lr_scale": hp["vf_lr_mult"]})
     seed = cfg.seed + 1000 * rank  # per-rank seeds; rank 0 of a DDP run samples like a single process
-    gen = torch.Generator().manual_seed(seed)  # rollouts
-    eval_gen = torch.Generator().manual_seed(cfg.seed + 1)
+    gen = torch.Generator(dev).manual_seed(seed)  # rollouts
+    eval_gen = torch.Generator(dev).manual_seed(cfg.seed + 1)
     shard = train[rank::world]  # this rank's train prompts
     prompts = PromptSampler(len(shard), torch.Generator().manual_seed(seed + 2), cfg.prompt_selection)
     if pref and cfg.pairs == "offline":
         kind = "kto" if cfg.loss == "kto" else "pairs"
         recs = load_records(root / f"{kind}_train.jsonl", kind)[rank::world]
         records = PromptSampler(len(recs), torch.Generator().manual_seed(seed + 2), selection=False)
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model  # all-reduces gradients in backward
+    fwd = torch.compile(model) if cfg.compile else model
+    ddp = torch.nn.parallel.DistributedDataParallel(fwd) if world > 1 else fwd  # all-reduces gradients in backward
+    amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.bf16 if cfg.bf16 is not None else dev.type == "cuda")
     ckpt_path, best, start, m0, m = os.path.join(out_dir, "ckpt.pt"), -1.0, 0, None, None
     if cfg.resume:  # every piece of state that the next step reads comes back from ckpt.pt
         ck = load_checkpoint(ckpt_path, hint="nothing to resume; drop --resume")
@@ -541,7 +551,8 @@ def main(cfg):
                 n = local.pairs_per_step * (2 if cfg.loss == "kto" else 1)
                 (rows, labels), batch, stats = record_rows(tok, [recs[i] for i in records.take(n)], reverse), None, {}
             else:  # preference losses online: only groups holding a right and a wrong answer are kept
-                batch, stats = collect(model, tok, shard, prompts, local, gen, reverse, dyn or pref, rm)
+                with amp:
+                    batch, stats = collect(model, tok, shard, prompts, local, gen, reverse, dyn or pref, rm)
                 if all_reduce(float(batch is None), "max").item():  # a rank whose groups were all-equal: no update
                     batch = None
                     if master:
@@ -552,8 +563,9 @@ def main(cfg):
             t_roll = time.time() - t0
             if batch is not None or (pref and cfg.pairs == "offline"):
                 try:
-                    stats.update(pref_update(ddp, ref, opt, tok, rows, labels, cfg, hp, lr) if pref
-                                 else update(ddp, ref, opt, batch, cfg, hp, gen, lr))
+                    with amp:
+                        stats.update(pref_update(ddp, ref, opt, tok, rows, labels, cfg, hp, lr) if pref
+                                     else update(ddp, ref, opt, batch, cfg, hp, gen, lr))
                 except FloatingPointError as e:
                     raise UserError(f"step {step + 1}: non-finite {e}; stopped, last good checkpoint kept at {ckpt_path}") from None
             stats = mean_over_ranks(stats)
@@ -605,6 +617,12 @@ def eval_kl(model, ref, tok, problems, reverse, cfg, gen, n=256):
     P, mask = out["prompt_len"], out["response_mask"][:, out["prompt_len"]:].float()
     ref_lp = policy_logps(ref, out["ids"], out["offsets"], out["response_mask"], P, cfg.temperature)[0]
     return L.masked_mean(L.kl_estimate(out["logps"], ref_lp, "k3"), mask).item()
+
+
+def unwrap(model):
+    """The plain GPT inside a DDP and/or torch.compile wrapper."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
 
 
 def optimizer_step(model, opt, loss, lr, grad_clip):

@@ -19,8 +19,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, evaluate, gather_objects, init_distributed, nonfinite,
-                    print_config, run_cli, truncate_metrics)
+from common import (Logger, StopFlag, UserError, all_reduce, bf16_default, encode_prompts, evaluate, gather_objects,
+                    init_distributed, nonfinite, peak_flops, print_config, resolve_device, run_cli, truncate_metrics)
 from data.tasks import ALPHABET, TASKS, ensure_data, format_answer, load_problems
 from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
 from tokenizer import CharTokenizer
@@ -49,6 +49,8 @@ class Config:
     beta2: float = 0.99
     grad_clip: float = 1.0  # 0 = off
     bf16: Optional[bool] = None  # bf16 autocast of the training forward (fp32 weights and loss); None = if native
+    device: str = "auto"  # auto = cuda > mps > cpu
+    compile: bool = False  # torch.compile the training forward (checkpoints hold the plain model)
     loss_on: str = "response"  # "response" (answer + EOS) or "all" tokens
     # evaluation
     eval_interval: int = 250  # full eval: val and test greedy accuracy, test pass@1 / pass@8
@@ -118,7 +120,8 @@ def check_config(cfg):
 
 def main(cfg):
     check_config(cfg)
-    rank, world = init_distributed()  # torchrun: each rank draws batch_size / world_size rows, DDP averages
+    dev = resolve_device(cfg.device)
+    rank, world = init_distributed(dev)  # torchrun: each rank draws batch_size / world_size rows, DDP averages
     master = rank == 0  # rank 0 alone evaluates, prints, saves and logs
     if cfg.batch_size % world:
         raise UserError(f"batch_size={cfg.batch_size} must divide by the {world} ranks")
@@ -130,16 +133,17 @@ def main(cfg):
     root = ensure_data(cfg.task)
     train, val, test = (load_problems(root / f"{s}.txt") for s in ("train", "val", "test"))
     tok = CharTokenizer(ALPHABET)
-    x, y, lmask = encode_split(tok, train, cfg.reverse, cfg.block_size, cfg.loss_on)
+    x, y, lmask = (t.to(dev) for t in encode_split(tok, train, cfg.reverse, cfg.block_size, cfg.loss_on))
     if master:
         print(f"{cfg.task}: {len(train)} train / {len(val)} val / {len(test)} test problems", flush=True)
 
     model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=tok.vocab_size, n_layer=cfg.n_layer,
-                          n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout))
+                          n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout)).to(dev)
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model  # all-reduces gradients in backward
+    fwd = torch.compile(model) if cfg.compile else model
+    ddp = torch.nn.parallel.DistributedDataParallel(fwd) if world > 1 else fwd  # all-reduces gradients in backward
     gen = torch.Generator().manual_seed(cfg.seed + 1000 * rank)  # batch order, per rank
-    eval_gen = torch.Generator().manual_seed(cfg.seed + 1)  # pass@k samples
+    eval_gen = torch.Generator(dev).manual_seed(cfg.seed + 1)  # pass@k samples
     ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
     step, best, resumed_at = 0, -1.0, None
     if cfg.resume:
@@ -157,11 +161,14 @@ def main(cfg):
         if master:
             truncate_metrics(os.path.join(cfg.out_dir, "metrics.jsonl"), step)
             print(f"resumed from {ckpt_path} at step {step}", flush=True)
-    # native bf16 matmuls (AVX512-BF16 / AMX) make a CPU step ~1.5x faster; elsewhere bf16 is emulated
-    use_bf16 = cfg.bf16 if cfg.bf16 is not None else torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    # native bf16 matmuls (AVX512-BF16 / AMX, CUDA) make a CPU step ~1.5x faster; elsewhere bf16 is emulated
+    use_bf16 = cfg.bf16 if cfg.bf16 is not None else bf16_default(dev)
+    peak, peak_src = peak_flops(dev)  # for MFU
+    tokens_per_step = cfg.batch_size // world * x.size(1)  # every position of a row is computed
     if master:
-        print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters, bf16 autocast {use_bf16}, "
-              f"{world} rank(s)", flush=True)
+        print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on {dev}, bf16 autocast "
+              f"{use_bf16}, compile {cfg.compile}, {world} rank(s); MFU against {peak / 1e12:.2f} TFLOP/s ({peak_src})",
+              flush=True)
     logger = Logger(cfg.out_dir, cfg, enabled=master)
 
     def run_eval(full):
@@ -186,7 +193,7 @@ def main(cfg):
             save_checkpoint(os.path.join(cfg.out_dir, name), model, opt, asdict(cfg), step, tok, ranks=ranks,
                             eval_rng=eval_gen.get_state(), best_val=best)
 
-    t0, stop = time.time(), StopFlag()
+    t0, stop, train_s, train_steps = time.time(), StopFlag(), 0.0, 0
     model.train()
     try:
         while True:  # the checkpoint at the top of step s holds everything logged up to s
@@ -219,8 +226,9 @@ def main(cfg):
             lr = lr_at(step, cfg)
             for g in opt.param_groups:
                 g["lr"] = lr
-            idx = torch.randint(len(x), (cfg.batch_size // world,), generator=gen)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
+            t_step = time.time()
+            idx = torch.randint(len(x), (cfg.batch_size // world,), generator=gen).to(dev)
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
                 logits = ddp(x[idx])
             nll = F.cross_entropy(logits.flatten(0, 1).float(), y[idx].flatten(), reduction="none")
             n_targets = all_reduce(lmask[idx].sum()).item()  # over every rank's rows: DDP's average x world = the sum
@@ -233,11 +241,15 @@ def main(cfg):
             gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
             opt.step()
             step += 1
+            train_s, train_steps = train_s + time.time() - t_step, train_steps + 1
             if step % cfg.log_interval == 0 or step == 1:
                 dt = time.time() - t0
                 eta = dt / (step - (resumed_at or 0)) * (cfg.max_iters - step)
+                tok_s = tokens_per_step * train_steps / train_s  # this rank's training tokens/s since the last log
                 logger.log({"step": step, "train/loss": all_reduce(loss.item()).item() / world, "train/lr": lr,
-                            "train/grad_norm": gnorm.item(), "perf/elapsed_s": dt})
+                            "train/grad_norm": gnorm.item(), "perf/elapsed_s": dt, "perf/tok_s": tok_s * world,
+                            "perf/mfu": tok_s * model.flops_per_token() / peak})
+                train_s, train_steps = 0.0, 0
                 if master:
                     print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} | lr {lr:.2e} | {dt:.0f}s, eta {eta:.0f}s",
                           flush=True)

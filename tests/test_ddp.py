@@ -55,7 +55,7 @@ def ddp_worker(rank, world, port, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     from common import init_distributed
-    init_distributed()
+    init_distributed(torch.device("cpu"))
     for loss in LOSSES:
         model, batch = rollout_batch()
         keep = torch.arange(4) // 2 == rank  # rank 0: groups 0-1, rank 1: groups 2-3 (a group is never split)

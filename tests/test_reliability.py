@@ -170,7 +170,8 @@ def test_resume_refuses_a_foreign_checkpoint(tmp_path, sft_ckpt):  # noqa: F811
     (rl, dict(eps_high=-0.1), "eps_high must be >= 0"), (rl, dict(max_new_tokens=0), "max_new_tokens >= 1"),
     (rl, dict(temperature=0.0), "temperature must be > 0"), (rl, dict(ppo_epochs=0), "ppo_epochs must be >= 1"),
     (rl, dict(loss="dpo", pairs_per_step=0), "pairs_per_step must be >= 1"),
-])
+    (rl, dict(device="tpu9"), "device must be auto, cpu, cuda, cuda:N or mps"),
+] + ([(sft, dict(device="cuda"), "device 'cuda' is not available")] if not torch.cuda.is_available() else []))
 def test_out_of_range_config_is_rejected_before_any_work(tmp_path, script, kw, msg):
     with pytest.raises(UserError, match=msg):
         script.main(script.Config(out_dir=str(tmp_path / "out"), **kw))

@@ -36,6 +36,7 @@ def test_smoke_run_writes_checkpoint_and_metrics(sft_run):
         assert 0 <= r["eval/accuracy"] <= 1 and r["eval/n"] == 810 and "eval/pass@8" in r and "val/accuracy" in r
     train = [r for r in rows(sft_run / "metrics.jsonl") if "train/loss" in r]
     assert all(torch.isfinite(torch.tensor(r["train/loss"])) for r in train)
+    assert all(0 < r["perf/mfu"] < 1 and r["perf/tok_s"] > 0 for r in train)  # MFU against a measured matmul peak
 
 
 def test_loss_decreases_on_a_tiny_budget(tmp_path):
