@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 import losses as L
-from common import Logger, UserError, encode_prompts, pack, print_config, record_rows, run_cli
+from common import Logger, UserError, encode_prompts, fmt_time, pack, print_config, record_rows, run_cli
 from data.tasks import ensure_data, format_answer, load_problems, load_records
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 
@@ -44,6 +44,7 @@ class Config:
     wandb: bool = False
     wandb_project: str = "nanorl"
     wandb_run_name: str = ""
+    wandb_group: str = ""  # runs of one experiment
 
 
 def scores(model, rows, pad_id):
@@ -111,6 +112,8 @@ def main(cfg):
     va_c, va_r, _ = documented("val")
     te_c, te_r, te_k = documented("test")
     test = load_problems(root / "test.txt")
+    print(f"sampling SFT-policy answers: {cfg.eval_policy_samples} per test prompt ({len(test)}), "
+          f"{cfg.policy_samples} per train prompt ...", flush=True)
     ev_c, ev_r = policy_pairs(model, tok, test, reverse, cfg.eval_policy_samples, cfg, torch.Generator().manual_seed(cfg.seed + 1))
     if cfg.policy_samples:
         pc, pr = policy_pairs(model, tok, load_problems(root / "train.txt"), reverse, cfg.policy_samples, cfg, gen)
@@ -141,6 +144,7 @@ def main(cfg):
         return m
 
     m = run_eval(0)
+    t_train = time.time()
     for step in range(1, cfg.max_iters + 1):
         model.train()
         lr = cfg.lr * min(1.0, step / cfg.warmup_iters)
@@ -158,8 +162,9 @@ def main(cfg):
         if step % 50 == 0:
             logger.log({"step": step, "train/loss": loss.item(), "train/pair_accuracy": st["pair_accuracy"].item(),
                         "train/margin": st["margin"].item(), "train/grad_norm": gnorm.item(), "train/lr": lr})
+            eta = (time.time() - t_train) / step * (cfg.max_iters - step)  # mean step time so far, evals included
             print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} acc {st['pair_accuracy'].item():.3f} "
-                  f"| {time.time() - t0:.0f}s", flush=True)
+                  f"| {fmt_time(time.time() - t0)}, ETA {fmt_time(eta)}", flush=True)
         if step % cfg.eval_interval == 0 or step == cfg.max_iters:
             m = run_eval(step)
     print(f"done in {time.time() - t0:.0f}s: test pair accuracy {m['eval/pair_accuracy']:.4f}, on policy-sampled "

@@ -3,6 +3,7 @@ Supervised fine-tuning (here: training from scratch) of the GPT on an arithmetic
 
     python sft.py configs/mul.py                 # ~4 min on a 2-core CPU -> out/sft-mul/ckpt.pt
     python sft.py configs/mul.py --lr=3e-4 --max_iters=500 --out_dir=out/try
+    python sft.py --task=path/to/folder --reverse=false --verifier=text   # your own task (README)
 
 Loss on the response tokens (answer + EOS) by default, `--loss_on=all` for every token. AdamW with
 linear warmup and cosine decay. Evaluates at step 0, every `eval_interval` and at the end: greedy
@@ -20,15 +21,16 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from common import Logger, UserError, encode_prompts, evaluate, print_config, run_cli
-from data.tasks import ALPHABET, TASKS, ensure_data, format_answer, load_problems
+from common import Logger, UserError, encode_prompts, evaluate, fmt_time, print_config, run_cli, verifier_of
+from data.tasks import ALPHABET, TASKS, ensure_data, format_answer, load_problems, task_alphabet
 from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
 from tokenizer import CharTokenizer
 
 
 @dataclass
 class Config:
-    task: str = "mul"  # a name in data.tasks.TASKS
+    task: str = "mul"  # a name in data.tasks.TASKS, or a folder with train.txt, val.txt, test.txt (prompt=answer lines)
+    verifier: str = "exact"  # a name in verify.VERIFIERS: the task's reward for every eval and for rl.py
     reverse: bool = True  # numbers least-significant digit first: 23*47=1081 is read as 32*74=1801
     out_dir: str = "out/sft-mul"
     seed: int = 1337
@@ -64,6 +66,7 @@ class Config:
     wandb: bool = False
     wandb_project: str = "nanorl"
     wandb_run_name: str = ""
+    wandb_group: str = ""  # runs of one experiment (compare.py sets it)
 
 
 def lr_at(it, cfg):
@@ -96,15 +99,15 @@ def encode_split(tok, problems, reverse, block_size, loss_on):
 def main(cfg):
     if cfg.loss_on not in ("response", "all"):
         raise UserError(f"loss_on must be 'response' or 'all', got {cfg.loss_on!r}")
-    if cfg.task not in TASKS:
-        raise UserError(f"unknown task {cfg.task!r}; valid: {sorted(TASKS)}")
+    verifier = verifier_of(cfg.verifier)
     print_config(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    root = ensure_data(cfg.task)
-    train, val, test = (load_problems(root / f"{s}.txt") for s in ("train", "val", "test"))
-    tok = CharTokenizer(ALPHABET)
+    root = ensure_data(cfg.task)  # a built-in task's files are generated; your own folder is read as is
+    alphabet = ALPHABET if cfg.task in TASKS else None  # your own task may use any characters
+    train, val, test = (load_problems(root / f"{s}.txt", alphabet) for s in ("train", "val", "test"))
+    tok = CharTokenizer(task_alphabet(cfg.task, train + val + test))
     x, y, lmask = encode_split(tok, train, cfg.reverse, cfg.block_size, cfg.loss_on)
     print(f"{cfg.task}: {len(train)} train / {len(val)} val / {len(test)} test problems", flush=True)
 
@@ -133,16 +136,20 @@ def main(cfg):
 
     def run_eval(full):
         """Val greedy accuracy; with full, also test greedy accuracy and sampled pass@1/pass@8."""
+        t_eval = time.time()
+        if full:
+            print(f"step {step:5d} | evaluating: {len(val)} val, {len(test)} test problems x {cfg.eval_samples} samples", flush=True)
         model.eval()
-        m, _ = evaluate(model, tok, val, cfg.reverse, cfg.max_new_tokens, prefix="val")
+        m, _ = evaluate(model, tok, val, cfg.reverse, cfg.max_new_tokens, prefix="val", verifier=verifier)
         if full:
             mt, examples = evaluate(model, tok, test, cfg.reverse, cfg.max_new_tokens, n_samples=cfg.eval_samples,
-                                    temperature=cfg.eval_temperature, generator=eval_gen)
+                                    temperature=cfg.eval_temperature, generator=eval_gen, verifier=verifier)
             m.update(mt)
             m["eval/examples"] = examples
         model.train()
         logger.log({"step": step, **m})
-        print(f"step {step:5d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float)), flush=True)
+        print(f"step {step:5d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float))
+              + f" | took {time.time() - t_eval:.1f}s", flush=True)
         return m["val/accuracy"]
 
     def save(name, **extra):
@@ -189,7 +196,9 @@ def main(cfg):
             dt = time.time() - t0
             logger.log({"step": step, "train/loss": loss.item(), "train/lr": lr, "train/grad_norm": gnorm.item(),
                         "perf/elapsed_s": dt})
-            print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} | lr {lr:.2e} | {dt:.0f}s", flush=True)
+            eta = dt / (step - (resumed_at or 0)) * (cfg.max_iters - step)  # mean step time so far, evals included
+            print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} | lr {lr:.2e} | {fmt_time(dt)}, ETA {fmt_time(eta)}",
+                  flush=True)
     print(f"done in {time.time() - t0:.0f}s; best val accuracy {best:.4f}; checkpoint {ckpt_path}", flush=True)
     logger.finish()
     return model
