@@ -1,9 +1,10 @@
 # make demo: install, then the whole pipeline (data -> SFT -> RL -> held-out eval), ~10 min on 2 CPU cores
 # make test: install the test requirements, run the suite (~2 min)
+# make compare: every RL algorithm and two baselines side by side from the SFT checkpoint (<= 30 min; needs make demo's SFT)
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
 
-.PHONY: demo test install install-test
+.PHONY: demo test compare install install-test
 install:
 	$(PIP) install -q -r requirements.txt
 install-test:
@@ -15,3 +16,5 @@ demo: install
 	$(PYTHON) rl.py --loss=grpo
 test: install-test
 	$(PYTHON) -m pytest
+compare: install
+	$(PYTHON) compare.py

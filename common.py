@@ -203,16 +203,33 @@ def print_config(cfg):
     print("config: " + " ".join(f"{k}={v}" for k, v in asdict(cfg).items()), flush=True)
 
 
+def fmt_time(seconds):
+    """Seconds -> '42s', '3m05s' or '1h02m' for progress lines."""
+    s = int(round(max(0.0, seconds)))
+    return f"{s}s" if s < 60 else f"{s // 60}m{s % 60:02d}s" if s < 3600 else f"{s // 3600}h{s % 3600 // 60:02d}m"
+
+
+def verifier_of(name):
+    """The reward function verify.VERIFIERS[name], or a UserError naming the valid ones."""
+    from verify import VERIFIERS
+    if name not in VERIFIERS:
+        raise UserError(f"unknown verifier {name!r}; valid: {', '.join(sorted(VERIFIERS))}")
+    return VERIFIERS[name]
+
+
 # ----------------------------------------------------------------------------- logging
 
 class Logger:
-    """Appends one JSON object per event to out_dir/metrics.jsonl, mirrors it to wandb if enabled.
+    """Appends one JSON object per event to out_dir/metrics.jsonl, mirrors it to wandb if enabled
+    (project, run name and group from cfg; the run config is cfg plus `resolved`, the values the
+    script worked out, e.g. rl.py's out_dir and loss hyperparameters). Works with WANDB_MODE=offline.
     A fresh (not resumed) run moves an old metrics.jsonl to metrics.jsonl.prev rather than mixing
-    two runs' rows. A wandb failure is reported once and never stops training."""
+    two runs' rows; a DDP rank other than 0 (enabled=False) writes nothing. A wandb failure is
+    reported once and never stops training."""
 
-    def __init__(self, out_dir, cfg, enabled=True):
+    def __init__(self, out_dir, cfg, resolved=None, enabled=True):
         self.path, self.wandb, self.enabled = os.path.join(out_dir, "metrics.jsonl"), None, enabled
-        if not enabled:  # a DDP rank other than 0 writes nothing
+        if not enabled:
             return
         os.makedirs(out_dir, exist_ok=True)
         if not getattr(cfg, "resume", False) and os.path.exists(self.path):  # a fresh run: keep the last one's rows
@@ -221,7 +238,8 @@ class Logger:
             try:
                 import wandb
                 self.wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None,
-                                        config=asdict(cfg), dir=out_dir)
+                                        group=getattr(cfg, "wandb_group", "") or None,
+                                        config={**asdict(cfg), **(resolved or {})}, dir=out_dir)
             except Exception as e:
                 print(f"warning: wandb disabled ({e.__class__.__name__}: {e})", flush=True)
 
@@ -336,16 +354,16 @@ def pack(rows, pad_id):
 
 @torch.no_grad()
 def evaluate(model, tok, problems, reverse, max_new_tokens, n_samples=0, temperature=1.0, k=8,
-             batch_size=512, generator=None, prefix="eval", n_show=3):
-    """Greedy exact-match accuracy on `problems` [(prompt, answer)], and with n_samples > 0 the
-    sampled pass@1 and pass@k (unbiased estimator, n_samples per problem at `temperature`).
-    Returns (metrics, examples) where examples are a few (prompt, completion, reward)."""
+             batch_size=512, generator=None, prefix="eval", n_show=3, verifier=exact_answer):
+    """Greedy accuracy on `problems` [(prompt, answer)] under `verifier` (the task's, default exact
+    match), and with n_samples > 0 the sampled pass@1 and pass@k (unbiased estimator, n_samples per
+    problem at `temperature`). Returns (metrics, examples) where examples are a few (prompt, completion, reward)."""
     correct, passes1, passesk, examples = 0, 0.0, 0.0, []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
         prompts = encode_prompts(tok, [p for p, _ in chunk], reverse)
         out = generate(model, prompts, max_new_tokens, tok.eos_id, tok.pad_id, temperature=0)
-        for j, (rew, text) in enumerate(score_samples(tok, out, [a for _, a in chunk], reverse)):
+        for j, (rew, text) in enumerate(score_samples(tok, out, [a for _, a in chunk], reverse, verifier)):
             correct += rew
             if len(examples) < n_show:
                 examples.append({"prompt": chunk[j][0], "completion": text, "reward": rew})
@@ -353,7 +371,7 @@ def evaluate(model, tok, problems, reverse, max_new_tokens, n_samples=0, tempera
             out = generate(model, prompts, max_new_tokens, tok.eos_id, tok.pad_id, G=n_samples,
                            temperature=temperature, generator=generator)
             gold = [a for _, a in chunk for _ in range(n_samples)]
-            rew = torch.tensor([r for r, _ in score_samples(tok, out, gold, reverse)]).view(len(chunk), n_samples)
+            rew = torch.tensor([r for r, _ in score_samples(tok, out, gold, reverse, verifier)]).view(len(chunk), n_samples)
             for c in rew.sum(1).tolist():
                 passes1 += pass_at_k(n_samples, int(c), 1)
                 passesk += pass_at_k(n_samples, int(c), min(k, n_samples))
@@ -364,14 +382,14 @@ def evaluate(model, tok, problems, reverse, max_new_tokens, n_samples=0, tempera
     return metrics, examples
 
 
-def score_samples(tok, out, gold, reverse):
+def score_samples(tok, out, gold, reverse, verifier=exact_answer):
     """[(reward, completion in normal order)] for each row of a `generate` result. A response that
     never emitted EOS (truncated) scores 0 whatever its text."""
     P = out["prompt_len"]
     res = []
     for ids, m, g in zip(out["ids"][:, P:].tolist(), out["response_mask"][:, P:].tolist(), gold):
         ids = ids[:sum(m)]
-        res.append((grade(tok, ids, g, reverse), parse_answer(tok.decode(ids), reverse)))
+        res.append((grade(tok, ids, g, reverse, verifier), parse_answer(tok.decode(ids), reverse)))
     return res
 
 

@@ -1,4 +1,5 @@
-"""Policy-gradient losses, advantages and KL estimators for RL post-training: pure tensor functions.
+"""Policy-gradient, preference and supervised-baseline losses, advantages and KL estimators for RL
+post-training: pure tensor functions.
 
 Every loss is *minimised* (loss = -objective) and returns (loss, stats). Conventions:
 - Tensors handed to the losses are aligned to the response: position 0 is the first response token
@@ -493,3 +494,20 @@ def bt_loss(s_chosen, s_rejected):
 
 
 PREF_LOSSES = dict(dpo=dpo_loss, ipo=dpo_loss, kto=kto_loss)  # DEFAULTS[name]["kind"] picks DPO or IPO
+
+
+# ----------------------------------------------------------------------------- supervised baselines
+# The question every RL result must answer: does it beat plain supervised training on the same budget?
+
+def nll_loss(logp, mask, n_tokens=None):
+    """Mean per-token negative log-likelihood of the response tokens (answer + EOS):
+    -sum_t m*logp / n_tokens, n_tokens = every response token of the batch (default: this batch's).
+    Continued SFT feeds it the gold answers of train problems; rejection-sampling fine-tuning (RFT,
+    Yuan et al. 2023) the policy's own samples that the verifier accepted."""
+    m = mask.bool()
+    loss = -masked_sum(logp, m) / _n(n_tokens, m.sum().clamp_min(1))
+    return loss, {"nll": loss.detach()}
+
+
+BASELINES = dict(sft=nll_loss, rft=nll_loss)  # rl.py --loss=sft (gold answers) / --loss=rft (verified samples)
+DEFAULTS.update(sft={}, rft={})  # no hyperparameters

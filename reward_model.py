@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 import torch
 
 import losses as L
-from common import (Logger, UserError, all_reduce, encode_prompts, init_distributed, mean_over_ranks, pack, print_config,
-                    record_rows, resolve_device, run_cli)
+from common import (Logger, UserError, all_reduce, encode_prompts, fmt_time, init_distributed, mean_over_ranks, pack,
+                    print_config, record_rows, resolve_device, run_cli)
 from data.tasks import ensure_data, format_answer, load_problems, load_records
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 
@@ -46,6 +46,7 @@ class Config:
     wandb: bool = False
     wandb_project: str = "nanorl"
     wandb_run_name: str = ""
+    wandb_group: str = ""  # runs of one experiment
 
 
 def scores(model, rows, pad_id):
@@ -121,6 +122,9 @@ def main(cfg):
     va_c, va_r, _ = documented("val")
     te_c, te_r, te_k = documented("test")
     test = load_problems(root / "test.txt")
+    if master:
+        print(f"sampling SFT-policy answers: {cfg.eval_policy_samples} per test prompt ({len(test)}), "
+              f"{cfg.policy_samples} per train prompt ...", flush=True)
     ev_c, ev_r = policy_pairs(model, tok, test, reverse, cfg.eval_policy_samples, cfg, torch.Generator(dev).manual_seed(cfg.seed + 1)) \
         if master else ([], [])
     if cfg.policy_samples:
@@ -155,6 +159,7 @@ def main(cfg):
         return m
 
     m = run_eval(0) if master else None
+    t_train = time.time()
     for step in range(1, cfg.max_iters + 1):
         model.train()
         lr = cfg.lr * min(1.0, step / cfg.warmup_iters)
@@ -175,8 +180,9 @@ def main(cfg):
                                   "train/margin": st["margin"].item()})
             logger.log({"step": step, **st, "train/grad_norm": gnorm.item(), "train/lr": lr})
             if master:
+                eta = (time.time() - t_train) / step * (cfg.max_iters - step)  # mean step time so far, evals included
                 print(f"step {step:5d}/{cfg.max_iters} | loss {st['train/loss']:.4f} acc {st['train/pair_accuracy']:.3f} "
-                      f"| {time.time() - t0:.0f}s", flush=True)
+                      f"| {fmt_time(time.time() - t0)}, ETA {fmt_time(eta)}", flush=True)
         if master and (step % cfg.eval_interval == 0 or step == cfg.max_iters):
             m = run_eval(step)
     if master:

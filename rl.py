@@ -5,6 +5,7 @@ Reinforcement learning from the SFT checkpoint: any loss of losses.LOSSES or los
     python rl.py --loss=dapo --lr=1e-4 --group_size=8 --max_iters=50
     python rl.py --loss=ppo --reward=rm   # PPO against a reward_model.py checkpoint (RLHF)
     python rl.py --loss=dpo           # or ipo, kto: preference optimisation; --pairs=online samples them
+    python rl.py --loss=sft --max_seconds=120   # baselines: continued SFT, or rft (rejection-sampling FT)
 
 One step: pick train prompts -> G samples each with the KV-cache sampler -> rewards (binary exact
 match from verify.py, or `--reward=rm` a reward model's score) -> advantages (the loss's kind; PPO:
@@ -22,6 +23,14 @@ reads data/<task>/pairs_train.jsonl (kto: kto_train.jsonl), pairs_per_step pairs
 many labelled answers) per step; `--pairs=online` samples G answers per train prompt from the
 current policy and pairs a verified-correct with a verified-wrong one (prompts without both are
 dropped, counted in rl/zero_std_frac, and refilled like dynamic sampling).
+
+Supervised baselines (losses.BASELINES), same eval/checkpoint/logging path, so compare.py can ask
+whether RL beats them: `--loss=sft` continues SFT on the gold answers of pairs_per_step train
+problems per step; `--loss=rft` (rejection-sampling fine-tuning) samples G answers per prompt like
+the RL losses and trains on the verified-correct ones (all-correct groups are kept). Both minimise
+the per-token NLL at temperature 1. `--max_seconds` stops after the step at which training time
+(evals excluded) passes it, then evaluates; `--eval_seconds` adds an eval each time training time
+passes another eval_seconds (for time-budgeted runs).
 """
 import copy
 import math
@@ -33,9 +42,10 @@ from typing import Optional
 import torch
 
 import losses as L
-from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, evaluate, gather_objects, grade, init_distributed,
-                    mean_over_ranks, nonfinite, pack, print_config, record_rows, resolve_device, run_cli, truncate_metrics)
-from data.tasks import ensure_data, format_answer, load_problems, load_records
+from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, evaluate, fmt_time, gather_objects, grade,
+                    init_distributed, mean_over_ranks, nonfinite, pack, print_config, record_rows, resolve_device, run_cli,
+                    truncate_metrics, verifier_of)
+from data.tasks import ALPHABET, TASKS, ensure_data, format_answer, load_problems, load_records
 from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 from verify import exact_answer, first_wrong_token, overlong_penalty
 
@@ -46,9 +56,9 @@ OVERLONG_DEFAULT = {"dapo": 2}
 
 @dataclass
 class Config:
-    loss: str = "grpo"  # a name in losses.LOSSES or losses.PREF_LOSSES
+    loss: str = "grpo"  # a name in losses.LOSSES, losses.PREF_LOSSES or losses.BASELINES (sft, rft)
     pairs: str = "offline"  # preference losses: "offline" (data/ files) or "online" (from policy samples)
-    pairs_per_step: int = 256  # offline preference losses: pairs per step (kto: 2x as many labelled answers)
+    pairs_per_step: int = 256  # offline preference losses: pairs per step (kto: 2x as many labelled answers); sft: problems
     sft_ckpt: str = "out/sft-mul/ckpt.pt"
     reward: str = "verifier"  # "verifier" (binary exact match) or "rm" (a reward_model.py checkpoint)
     rm_ckpt: str = "out/rm-mul/ckpt.pt"
@@ -56,9 +66,11 @@ class Config:
     out_dir: str = ""  # "" = out/rl-<loss>
     seed: int = 1337
     max_iters: int = 300  # ~5 min on 2 CPU cores
+    max_seconds: float = 0  # > 0: stop after the step at which training time (evals excluded) passes this
     eval_interval: int = 25
     ckpt_interval: int = 25  # ckpt.pt every this many steps (and at every eval, and on SIGINT/SIGTERM)
     resume: bool = False  # continue exactly (weights, optimizer, step, prompt order, RNGs) from out_dir/ckpt.pt
+    eval_seconds: float = 0  # > 0: also evaluate each time training time passes another eval_seconds
     # rollouts
     prompts_per_step: int = 64
     group_size: int = 16  # G samples per prompt
@@ -101,16 +113,17 @@ class Config:
     wandb: bool = False
     wandb_project: str = "nanorl"
     wandb_run_name: str = ""
+    wandb_group: str = ""  # runs of one experiment (compare.py sets it)
 
 
 def check_config(cfg):
     """Reject bad values before any work starts."""
-    if cfg.loss not in L.LOSSES and cfg.loss not in L.PREF_LOSSES:
+    if cfg.loss not in L.LOSSES and cfg.loss not in L.PREF_LOSSES and cfg.loss not in L.BASELINES:
         raise UserError(f"unknown loss {cfg.loss!r}; valid: {', '.join(sorted(L.LOSSES))} "
-                        f"(preference: {', '.join(sorted(L.PREF_LOSSES))})")
+                        f"(preference: {', '.join(sorted(L.PREF_LOSSES))}; baselines: {', '.join(sorted(L.BASELINES))})")
     if cfg.reward not in ("verifier", "rm"):
         raise UserError(f"reward must be 'verifier' or 'rm', got {cfg.reward!r}")
-    if cfg.reward == "rm" and (cfg.loss in L.PREF_LOSSES or cfg.loss in ("cliff", "gapo")):
+    if cfg.reward == "rm" and (cfg.loss in L.PREF_LOSSES or cfg.loss in L.BASELINES or cfg.loss in ("cliff", "gapo")):
         raise UserError(f"--reward=rm gives real-valued rewards; {cfg.loss} needs the binary verifier")
     if cfg.pairs not in ("offline", "online"):
         raise UserError(f"pairs must be 'offline' or 'online', got {cfg.pairs!r}")
@@ -121,6 +134,8 @@ def check_config(cfg):
             raise UserError(f"{k} must be >= 1, got {getattr(cfg, k)}")
     if cfg.warmup_iters < 0 or cfg.weight_decay < 0 or cfg.grad_clip <= 0 or cfg.max_refills < 0 or cfg.eval_samples < 0:
         raise UserError("warmup_iters, weight_decay, max_refills and eval_samples must be >= 0, grad_clip > 0")
+    if cfg.max_seconds < 0 or cfg.eval_seconds < 0:
+        raise UserError("max_seconds and eval_seconds must be >= 0 (0 = off)")
     if cfg.group_size < 2:
         raise UserError(f"group_size must be >= 2 for group-relative advantages, got {cfg.group_size}")
     if cfg.temperature <= 0:
@@ -192,9 +207,10 @@ def rm_scores(rm, out):
     return s[torch.arange(s.size(0), device=s.device), last]
 
 
-def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None):
-    """G samples for each problem in idx -> dict of tensors, rewards and per-row facts. With rm =
-    (reward model, RunningMoments) the reward is its (normalised) score; `correct` stays the verifier's."""
+def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None):
+    """G samples for each problem in idx -> dict of tensors, rewards and per-row facts. `correct` is
+    the task's verifier (default exact_answer); with rm = (reward model, RunningMoments) the reward is
+    the RM's (normalised) score instead."""
     prompts = encode_prompts(tok, [problems[i][0] for i in idx], reverse)
     out = generate(model, prompts, cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=cfg.group_size,
                    temperature=cfg.temperature, generator=gen)
@@ -204,7 +220,7 @@ def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None):
         gold = problems[idx[row // cfg.group_size]][1]
         ids = ids[:sum(m)]
         done = len(ids) > 0 and ids[-1] == tok.eos_id
-        c = grade(tok, ids, gold, reverse, exact_answer)  # truncated -> 0
+        c = grade(tok, ids, gold, reverse, verifier or exact_answer)  # truncated -> 0
         correct.append(c)
         reward.append(c + (overlong_penalty(len(ids), cfg.max_new_tokens, window) if window > 0 else 0.0))
         fw = first_wrong_token(ids, tok.encode(format_answer(gold, reverse)) + [tok.eos_id])
@@ -286,13 +302,13 @@ def policy_logps(model, ids, offsets, full_mask, P, temperature, values=False):
     return lp[:, P - 1:], logits[:, P - 1:-1], (v[:, P - 1:-1] if values else None)
 
 
-def collect(model, tok, train, prompts, cfg, gen, reverse, dyn, rm=None):
+def collect(model, tok, train, prompts, cfg, gen, reverse, dyn, rm=None, verifier=None):
     """Rollouts for one step: P prompts x G samples; dynamic sampling drops all-equal groups and
     refills (up to max_refills more rounds). Returns (batch or None, stats)."""
     parts, n_groups, n_sampled, n_zero_std = [], 0, 0, 0
     for _ in range(1 + (cfg.max_refills if dyn else 0)):
         idx = prompts.take(cfg.prompts_per_step - n_groups)
-        out = rollout(model, tok, train, idx, cfg, gen, reverse, rm)
+        out = rollout(model, tok, train, idx, cfg, gen, reverse, rm, verifier)
         R = out["reward"].view(-1, cfg.group_size)
         prompts.record(idx, out["correct"].view(-1, cfg.group_size))
         zero_std = R.max(1).values == R.min(1).values  # (groups,) all-equal rewards
@@ -375,14 +391,17 @@ def seq_logps(model, rows, pad_id):
 def online_rows(batch, G):
     """One (correct, wrong) pair per group of a rollout whose groups all hold both -> chosen rows
     then rejected rows, as (prompt ids, sampled response ids incl. EOS)."""
-    P, correct = batch["prompt_len"], batch["correct"].view(-1, G)  # (groups, G)
-    chosen, rejected = [], []
-    for g in range(correct.size(0)):
-        for dst, i in ((chosen, int(correct[g].argmax())), (rejected, int(correct[g].argmin()))):
-            r = g * G + i
-            resp = batch["ids"][r, P:][batch["response_mask"][r, P:].bool()]
-            dst.append((batch["ids"][r, int(batch["offsets"][r]):P].tolist(), resp.tolist()))
-    return chosen + rejected
+    correct = batch["correct"].view(-1, G)  # (groups, G)
+    chosen = [g * G + int(correct[g].argmax()) for g in range(correct.size(0))]
+    rejected = [g * G + int(correct[g].argmin()) for g in range(correct.size(0))]
+    return sample_rows(batch, chosen + rejected)
+
+
+def sample_rows(batch, rows):
+    """(prompt ids, sampled response ids incl. EOS) of the given rows of a rollout batch."""
+    P = batch["prompt_len"]
+    return [(batch["ids"][r, int(batch["offsets"][r]):P].tolist(),
+             batch["ids"][r, P:][batch["response_mask"][r, P:].bool()].tolist()) for r in rows]
 
 
 def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
@@ -410,6 +429,33 @@ def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
             "rl/lr": lr, "rl/log_ratio": log_ratio, "rl/n_seqs": len(rows)}
 
 
+# ----------------------------------------------------------------------------- supervised baselines
+
+def answer_rows(tok, problems, reverse):
+    """[(prompt, answer)] -> [(prompt ids, gold answer ids + EOS)], the rows SFT trains on."""
+    prompts = encode_prompts(tok, [p for p, _ in problems], reverse)
+    return [(p, tok.encode(format_answer(a, reverse)) + [tok.eos_id]) for p, (_, a) in zip(prompts, problems)]
+
+
+def nll_update(model, opt, rows, cfg, lr, pad_id, batch=None):
+    """One optimizer step of a supervised baseline (losses.BASELINES): the per-token NLL of the
+    responses of rows [(prompt ids, response ids)] at temperature 1. batch: rft's rollout, for its
+    reward stats. Raises FloatingPointError on NaN/inf."""
+    dev = next(model.parameters()).device
+    ids, mask = (t.to(dev) for t in pack(rows, pad_id))  # (N, T) each
+    lp, m = L.response_logps(model(ids), ids, mask)  # (N, T-1) each
+    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    loss, st = L.BASELINES[cfg.loss](lp, m, n_tokens=all_reduce(m.sum().item()).item())  # every rank's tokens
+    gnorm = optimizer_step(unwrap(model), opt, loss * world, lr, cfg.grad_clip)
+    stats = {**{f"rl/{k}": float(v) for k, v in st.items()}, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(),
+             "rl/lr": lr, "rl/n_seqs": len(rows), "rl/n_tokens": m.sum().item()}
+    if batch is not None:
+        stats.update({"rl/reward_mean": batch["reward"].mean().item(), "rl/accuracy": batch["correct"].mean().item(),
+                      "rl/resp_len": batch["length"].mean().item(),
+                      "rl/truncated_frac": 1 - batch["finished"].float().mean().item()})
+    return stats
+
+
 def main(cfg):
     check_config(cfg)
     out_dir = cfg.out_dir or f"out/rl-{cfg.loss}"
@@ -430,6 +476,9 @@ def main(cfg):
     if fresh_head:
         torch.nn.init.zeros_(model.score_head.weight)  # V = 0 everywhere at the start, not noise
     task, reverse = ckpt["config"].get("task", "mul"), ckpt["config"].get("reverse", False)
+    vname = ckpt["config"].get("verifier", "exact")  # the task's reward (sft.py --verifier)
+    task_verifier = verifier_of(vname)
+    verifier = None if vname == "exact" else task_verifier  # rollouts: None = exact_answer
     knobs = ("beta", "eps_low", "eps_high", "kl_estimator", "clip_c", "vf_coef", "vf_clip", "ent_coef", "kl_target", "vf_lr_mult",
              "gamma", "lam", "label_smoothing", "rpo_alpha", "lambda_d", "lambda_u")
     try:
@@ -437,7 +486,7 @@ def main(cfg):
                                **({"max_new_tokens": cfg.max_new_tokens} if "max_new_tokens" in L.DEFAULTS[cfg.loss] else {}))
     except ValueError as e:
         raise UserError(str(e)) from None
-    pref = cfg.loss in L.PREF_LOSSES
+    pref, base = cfg.loss in L.PREF_LOSSES, cfg.loss in L.BASELINES
     dyn, window = cfg.dynamic_sampling, overlong_window(cfg)
     if (cfg.loss in ("cliff", "gapo") or pref) and window > 0:
         raise UserError(f"{cfg.loss} needs binary rewards: overlong shaping must be off (--overlong_window=0)")
@@ -449,7 +498,8 @@ def main(cfg):
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     root = ensure_data(task)
-    train, val, test = (load_problems(root / f"{s}.txt") for s in ("train", "val", "test"))
+    alphabet = ALPHABET if task in TASKS else None  # your own task's characters are checked by the tokenizer
+    train, val, test = (load_problems(root / f"{s}.txt", alphabet) for s in ("train", "val", "test"))
     if max(len(p) for p in encode_prompts(tok, [p for p, _ in train], reverse)) + cfg.max_new_tokens > model.config.block_size:
         raise UserError(f"max_new_tokens={cfg.max_new_tokens} does not fit block_size={model.config.block_size}")
 
@@ -484,6 +534,7 @@ def main(cfg):
     ddp = torch.nn.parallel.DistributedDataParallel(fwd) if world > 1 else fwd  # all-reduces gradients in backward
     amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.bf16 if cfg.bf16 is not None else dev.type == "cuda")
     ckpt_path, best, start, m0, m = os.path.join(out_dir, "ckpt.pt"), -1.0, 0, None, None
+    t_train, next_eval_t = 0.0, cfg.eval_seconds  # training time so far (evals excluded); next timed eval
     if cfg.resume:  # every piece of state that the next step reads comes back from ckpt.pt
         ck = load_checkpoint(ckpt_path, hint="nothing to resume; drop --resume")
         if ck["config"].get("loss") != cfg.loss or ck["model_args"] != asdict(model.config) or len(ck.get("ranks", [])) != world:
@@ -492,6 +543,7 @@ def main(cfg):
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["optimizer"])
         start, best, hp, m0, m = ck["step"], ck["best_val"], ck["hparams"], ck["start_eval"], ck["last_eval"]
+        t_train, next_eval_t = ck["t_train"], ck["next_eval_t"]
         mine = ck["ranks"][rank]  # this rank's samplers and generators
         gen.set_state(mine["rollout"])
         eval_gen.set_state(ck["eval_rng"])
@@ -504,7 +556,8 @@ def main(cfg):
         if master:
             truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), start)
             print(f"resumed from {ckpt_path} at step {start}", flush=True)
-    logger = Logger(out_dir, cfg, enabled=master)
+    logger = Logger(out_dir, cfg, enabled=master, resolved={"out_dir": out_dir, "task": task, "reverse": reverse,
+                                                            "verifier": vname, **{f"hparams/{k}": v for k, v in hp.items()}})
     if not cfg.resume:
         logger.log({"step": 0, **{f"hparams/{k}": v for k, v in hp.items() if v is not None},
                     "hparams/dynamic_sampling": dyn, "hparams/overlong_window": window})
@@ -521,22 +574,27 @@ def main(cfg):
 
     def save(name, step, ranks):
         if master:
-            save_checkpoint(os.path.join(out_dir, name), model, opt, {**asdict(cfg), "task": task, "reverse": reverse},
-                            step, tok, ranks=ranks, eval_rng=eval_gen.get_state(), start_eval=m0, last_eval=m,
-                            best_val=best, hparams=dict(hp))
+            save_checkpoint(os.path.join(out_dir, name), model, opt,
+                            {**asdict(cfg), "task": task, "reverse": reverse, "verifier": vname}, step, tok, ranks=ranks,
+                            eval_rng=eval_gen.get_state(), start_eval=m0, last_eval=m, best_val=best, hparams=dict(hp),
+                            t_train=t_train, next_eval_t=next_eval_t)
 
     def run_eval(step):
         nonlocal best
+        t_eval = time.time()
+        print(f"step {step:4d} | evaluating: {len(test)} test problems (greedy, {cfg.eval_samples} samples each), "
+              f"{len(val)} val, KL on 256 ...", flush=True)
         m, examples = evaluate(model, tok, test, reverse, cfg.max_new_tokens, n_samples=cfg.eval_samples,
-                               temperature=cfg.temperature, generator=eval_gen)
-        m.update(evaluate(model, tok, val, reverse, cfg.max_new_tokens, prefix="val")[0])
-        m["eval/kl"] = eval_kl(model, ref, tok, test, reverse, cfg, eval_gen)
+                               temperature=cfg.temperature, generator=eval_gen, verifier=task_verifier)
+        m.update(evaluate(model, tok, val, reverse, cfg.max_new_tokens, prefix="val", verifier=task_verifier)[0])
+        m.update(eval_kl(model, ref, tok, test, reverse, cfg, eval_gen))
+        m["perf/train_s"] = t_train
         if m["val/accuracy"] > best:
             best = m["val/accuracy"]
             save("best.pt", step, [rank_state()])
         logger.log({"step": step, **m, "eval/examples": examples})
-        print(f"step {step:4d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float))
-              + f" | {time.time() - t_start:.0f}s", flush=True)
+        print(f"step {step:4d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float) and "perf/" not in k)
+              + f" | took {time.time() - t_eval:.1f}s | {fmt_time(time.time() - t_start)}", flush=True)
         return m
 
     stop = StopFlag()
@@ -545,26 +603,35 @@ def main(cfg):
             m = m0 = run_eval(0) if master else None
             save("ckpt.pt", 0, gather_objects(rank_state()))
         for step in range(start, cfg.max_iters):
+            if 0 < cfg.max_seconds <= t_train:  # reached through skipped steps (a trained step stops below)
+                break
             t0 = time.time()
             lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_iters))
+            rows = None
             if pref and cfg.pairs == "offline":
                 n = local.pairs_per_step * (2 if cfg.loss == "kto" else 1)
                 (rows, labels), batch, stats = record_rows(tok, [recs[i] for i in records.take(n)], reverse), None, {}
-            else:  # preference losses online: only groups holding a right and a wrong answer are kept
+            elif cfg.loss == "sft":  # continued SFT: the gold answers of train problems
+                rows, batch, stats = answer_rows(tok, [shard[i] for i in prompts.take(local.pairs_per_step)], reverse), None, {}
+            else:  # preference losses online: only groups holding a right and a wrong answer are kept; rft keeps all
                 with amp:
-                    batch, stats = collect(model, tok, shard, prompts, local, gen, reverse, dyn or pref, rm)
-                if all_reduce(float(batch is None), "max").item():  # a rank whose groups were all-equal: no update
-                    batch = None
+                    batch, stats = collect(model, tok, shard, prompts, local, gen, reverse, (dyn or pref) and not base, rm, verifier)
+                if cfg.loss == "rft" and batch is not None:  # rejection sampling: the verified-correct samples are the data
+                    rows = sample_rows(batch, batch["correct"].nonzero().flatten().tolist())
+                if all_reduce(float(batch is None or (base and not rows)), "max").item():  # on any rank: no update, no NaN
                     if master:
-                        print(f"step {step + 1}: every sampled group had equal rewards (on some rank); no update", flush=True)
-                if pref and batch is not None:
+                        print(f"step {step + 1}: " + ("no sample was correct" if base else "every sampled group had equal "
+                                                      "rewards") + " (on some rank); no update", flush=True)
+                    batch, rows = None, None
+                elif pref:
                     rows = online_rows(batch, cfg.group_size)
                     labels = torch.arange(len(rows)) < len(rows) // 2  # kto: the correct half is desirable
             t_roll = time.time() - t0
-            if batch is not None or (pref and cfg.pairs == "offline"):
+            if batch is not None or rows is not None:
                 try:
                     with amp:
                         stats.update(pref_update(ddp, ref, opt, tok, rows, labels, cfg, hp, lr) if pref
+                                     else nll_update(ddp, opt, rows, cfg, lr, tok.pad_id, batch) if base
                                      else update(ddp, ref, opt, batch, cfg, hp, gen, lr))
                 except FloatingPointError as e:
                     raise UserError(f"step {step + 1}: non-finite {e}; stopped, last good checkpoint kept at {ckpt_path}") from None
@@ -572,27 +639,35 @@ def main(cfg):
             if cfg.loss == "ppo" and hp["kl_target"] and "rl/kl_k1" in stats:  # adaptive KL controller
                 hp["beta"] = L.adaptive_beta(hp["beta"], stats["rl/kl_k1"], hp["kl_target"], batch["ids"].size(0) * world)
             t_step = time.time() - t0
+            t_train += t_step
             if "rl/loss" in stats:
                 stats.update({"perf/rollout_s": t_roll, "perf/step_s": t_step})
                 if batch is not None:
                     stats["perf/rollout_tok_s"] = batch["length"].sum().item() / t_roll
             if master and "rl/loss" in stats:
-                show = ("loss", "margin", "pair_accuracy", "z", "log_ratio", "zero_std_frac") if pref else \
+                show = ("loss", "accuracy", "n_seqs") if base else \
+                    ("loss", "margin", "pair_accuracy", "z", "log_ratio", "zero_std_frac") if pref else \
                     ("reward_mean", "rm_reward", "accuracy", "n_groups", "zero_std_frac", "entropy", "resp_len", "logp_mismatch",
                      "explained_variance", "value_loss")
-                elapsed = time.time() - t_start
                 print(f"step {step + 1:4d}/{cfg.max_iters} | " + " ".join(f"{k} {stats['rl/' + k]:.4g}" for k in show if 'rl/' + k in stats)
-                      + f" | {t_step:.2f}s (rollout {t_roll:.2f}s) | {elapsed:.0f}s, eta "
-                      f"{elapsed / (step + 1 - start) * (cfg.max_iters - step - 1):.0f}s", flush=True)
+                      + f" | {t_step:.2f}s (rollout {t_roll:.2f}s) | {fmt_time(time.time() - t_start)}, ETA {eta(step + 1, t_train, cfg)}",
+                      flush=True)
             logger.log({"step": step + 1, **stats})
-            if master and ((step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters):
+            # the stop decisions are every rank's (the max over ranks): all of them stop at the same step
+            out_of_time, timed, stopping = (all_reduce([0 < cfg.max_seconds <= t_train, 0 < next_eval_t <= t_train,
+                                                        stop.signal is not None], "max") > 0).tolist()
+            while 0 < next_eval_t <= t_train:
+                next_eval_t += cfg.eval_seconds
+            due = (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters or out_of_time or timed
+            if master and due:
                 m = run_eval(step + 1)
-            stopping = all_reduce(float(stop.signal is not None), "max").item() > 0  # every rank stops at the same step
-            if (step + 1) % cfg.ckpt_interval == 0 or (step + 1) % cfg.eval_interval == 0 or step + 1 == cfg.max_iters or stopping:
+            if due or (step + 1) % cfg.ckpt_interval == 0 or stopping:
                 save("ckpt.pt", step + 1, gather_objects(rank_state()))  # after the step's log and eval: a resume repeats nothing
-            if stopping:
-                if master:
-                    print(f"{stop.signal or 'SIGTERM'}: saved {ckpt_path} at step {step + 1}; continue with --resume=true", flush=True)
+            if master and out_of_time:
+                print(f"training time {t_train:.1f}s reached max_seconds={cfg.max_seconds:g}: stopping after step {step + 1}", flush=True)
+            if master and stopping:
+                print(f"{stop.signal or 'SIGTERM'}: saved {ckpt_path} at step {step + 1}; continue with --resume=true", flush=True)
+            if out_of_time or stopping:
                 break
     finally:
         stop.restore()
@@ -607,16 +682,26 @@ def main(cfg):
     return {"metrics": m, "model": model, "ref": ref}
 
 
+def eta(done, t_train, cfg):
+    """Time left from the mean step time so far (evals excluded), capped by max_seconds."""
+    left = t_train / max(1, done) * (cfg.max_iters - done)
+    return fmt_time(min(left, cfg.max_seconds - t_train) if cfg.max_seconds > 0 else left)
+
+
 @torch.no_grad()
 def eval_kl(model, ref, tok, problems, reverse, cfg, gen, n=256):
-    """KL(policy || ref) on fresh policy samples for n test prompts (k3, mean over response tokens);
-    logged at every eval for every loss, also when beta is 0."""
-    idx = torch.randperm(len(problems), generator=gen)[:n].tolist()
+    """KL(policy || ref) on fresh policy samples for n test prompts x 4 (k3, mean over response tokens),
+    logged at every eval for every loss, also when beta is 0; and, on the same samples, the mean
+    response length (tokens incl. EOS) and the fraction truncated at max_new_tokens (no EOS)."""
+    idx = torch.randperm(len(problems), generator=gen, device=gen.device)[:n].tolist()
     out = generate(model, encode_prompts(tok, [problems[i][0] for i in idx], reverse), cfg.max_new_tokens, tok.eos_id, tok.pad_id,
                    G=4, temperature=cfg.temperature, generator=gen)
     P, mask = out["prompt_len"], out["response_mask"][:, out["prompt_len"]:].float()
     ref_lp = policy_logps(ref, out["ids"], out["offsets"], out["response_mask"], P, cfg.temperature)[0]
-    return L.masked_mean(L.kl_estimate(out["logps"], ref_lp, "k3"), mask).item()
+    length = mask.sum(1)  # (N,)
+    last = out["ids"][:, P:].gather(1, (length.long() - 1).clamp_min(0)[:, None]).squeeze(1)  # (N,) last sampled token
+    return {"eval/kl": L.masked_mean(L.kl_estimate(out["logps"], ref_lp, "k3"), mask).item(),
+            "eval/resp_len": length.mean().item(), "eval/truncated_frac": ((last != tok.eos_id) | (length == 0)).float().mean().item()}
 
 
 def unwrap(model):

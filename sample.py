@@ -7,14 +7,14 @@ Sample completions from a checkpoint.
 Prints, for each prompt in order, `num_samples` lines: the prompt followed by its completion (EOS
 stripped, answer in normal digit order), e.g. `23*47=1081`. Lines of a prompts file may carry the
 gold answer (`23*47=1081`, the format of data/*/test.txt): then the exact-match accuracy is printed
-to stderr at the end, so stdout stays one completion per line.
+to stderr at the end (the task's verifier, stored in the checkpoint), so stdout stays one completion per line.
 """
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from common import UserError, encode_prompts, grade, run_cli
+from common import UserError, encode_prompts, grade, run_cli, verifier_of
 from data.tasks import parse_answer
 from model import generate, load_checkpoint, model_from_checkpoint
 
@@ -68,6 +68,7 @@ def main(cfg):
     ckpt = load_checkpoint(cfg.ckpt)
     model, tok = model_from_checkpoint(ckpt, cfg.ckpt)
     reverse = ckpt["config"].get("reverse", False)
+    verifier = verifier_of(ckpt["config"].get("verifier", "exact"))  # the task's (sft.py --verifier)
     problems = read_prompts(cfg, tok, model.config.block_size)
     gen = torch.Generator().manual_seed(cfg.seed)
     correct = graded = 0
@@ -83,7 +84,7 @@ def main(cfg):
             print(prompt + parse_answer(text, reverse))
             if gold is not None:
                 graded += 1
-                correct += grade(tok, ids, gold, reverse)
+                correct += grade(tok, ids, gold, reverse, verifier)
     if graded:
         import sys
         print(f"accuracy {correct / graded:.4f} ({int(correct)}/{graded})", file=sys.stderr)

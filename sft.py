@@ -3,6 +3,7 @@ Supervised fine-tuning (here: training from scratch) of the GPT on an arithmetic
 
     python sft.py configs/mul.py                 # ~4 min on a 2-core CPU -> out/sft-mul/ckpt.pt
     python sft.py configs/mul.py --lr=3e-4 --max_iters=500 --out_dir=out/try
+    python sft.py --task=path/to/folder --reverse=false --verifier=text   # your own task (README)
 
 Loss on the response tokens (answer + EOS) by default, `--loss_on=all` for every token. AdamW with
 linear warmup and cosine decay. Evaluates at step 0, every `eval_interval` and at the end: greedy
@@ -19,16 +20,18 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from common import (Logger, StopFlag, UserError, all_reduce, bf16_default, encode_prompts, evaluate, gather_objects,
-                    init_distributed, nonfinite, peak_flops, print_config, resolve_device, run_cli, truncate_metrics)
-from data.tasks import ALPHABET, TASKS, ensure_data, format_answer, load_problems
+from common import (Logger, StopFlag, UserError, all_reduce, bf16_default, encode_prompts, evaluate, fmt_time, gather_objects,
+                    init_distributed, nonfinite, peak_flops, print_config, resolve_device, run_cli, truncate_metrics,
+                    verifier_of)
+from data.tasks import ALPHABET, TASKS, ensure_data, format_answer, load_problems, task_alphabet
 from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
 from tokenizer import CharTokenizer
 
 
 @dataclass
 class Config:
-    task: str = "mul"  # a name in data.tasks.TASKS
+    task: str = "mul"  # a name in data.tasks.TASKS, or a folder with train.txt, val.txt, test.txt (prompt=answer lines)
+    verifier: str = "exact"  # a name in verify.VERIFIERS: the task's reward for every eval and for rl.py
     reverse: bool = True  # numbers least-significant digit first: 23*47=1081 is read as 32*74=1801
     out_dir: str = "out/sft-mul"
     seed: int = 1337
@@ -67,6 +70,7 @@ class Config:
     wandb: bool = False
     wandb_project: str = "nanorl"
     wandb_run_name: str = ""
+    wandb_group: str = ""  # runs of one experiment (compare.py sets it)
 
 
 def lr_at(it, cfg):
@@ -102,8 +106,6 @@ def check_config(cfg):
     """Reject bad values before any work starts."""
     if cfg.loss_on not in ("response", "all"):
         raise UserError(f"loss_on must be 'response' or 'all', got {cfg.loss_on!r}")
-    if cfg.task not in TASKS:
-        raise UserError(f"unknown task {cfg.task!r}; valid: {sorted(TASKS)}")
     positive = ("lr", "batch_size", "n_layer", "n_head", "n_embd", "block_size", "max_new_tokens", "eval_interval",
                 "val_interval", "log_interval", "ckpt_interval")
     for k in positive:
@@ -120,6 +122,7 @@ def check_config(cfg):
 
 def main(cfg):
     check_config(cfg)
+    verifier = verifier_of(cfg.verifier)
     dev = resolve_device(cfg.device)
     rank, world = init_distributed(dev)  # torchrun: each rank draws batch_size / world_size rows, DDP averages
     master = rank == 0  # rank 0 alone evaluates, prints, saves and logs
@@ -130,9 +133,10 @@ def main(cfg):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    root = ensure_data(cfg.task)
-    train, val, test = (load_problems(root / f"{s}.txt") for s in ("train", "val", "test"))
-    tok = CharTokenizer(ALPHABET)
+    root = ensure_data(cfg.task)  # a built-in task's files are generated; your own folder is read as is
+    alphabet = ALPHABET if cfg.task in TASKS else None  # your own task may use any characters
+    train, val, test = (load_problems(root / f"{s}.txt", alphabet) for s in ("train", "val", "test"))
+    tok = CharTokenizer(task_alphabet(cfg.task, train + val + test))
     x, y, lmask = (t.to(dev) for t in encode_split(tok, train, cfg.reverse, cfg.block_size, cfg.loss_on))
     if master:
         print(f"{cfg.task}: {len(train)} train / {len(val)} val / {len(test)} test problems", flush=True)
@@ -173,16 +177,20 @@ def main(cfg):
 
     def run_eval(full):
         """Val greedy accuracy; with full, also test greedy accuracy and sampled pass@1/pass@8."""
+        t_eval = time.time()
+        if full:
+            print(f"step {step:5d} | evaluating: {len(val)} val, {len(test)} test problems x {cfg.eval_samples} samples", flush=True)
         model.eval()
-        m, _ = evaluate(model, tok, val, cfg.reverse, cfg.max_new_tokens, prefix="val")
+        m, _ = evaluate(model, tok, val, cfg.reverse, cfg.max_new_tokens, prefix="val", verifier=verifier)
         if full:
             mt, examples = evaluate(model, tok, test, cfg.reverse, cfg.max_new_tokens, n_samples=cfg.eval_samples,
-                                    temperature=cfg.eval_temperature, generator=eval_gen)
+                                    temperature=cfg.eval_temperature, generator=eval_gen, verifier=verifier)
             m.update(mt)
             m["eval/examples"] = examples
         model.train()
         logger.log({"step": step, **m})
-        print(f"step {step:5d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float)), flush=True)
+        print(f"step {step:5d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float))
+              + f" | took {time.time() - t_eval:.1f}s", flush=True)
         return m["val/accuracy"]
 
     def rank_state():
@@ -244,15 +252,15 @@ def main(cfg):
             train_s, train_steps = train_s + time.time() - t_step, train_steps + 1
             if step % cfg.log_interval == 0 or step == 1:
                 dt = time.time() - t0
-                eta = dt / (step - (resumed_at or 0)) * (cfg.max_iters - step)
+                eta = dt / (step - (resumed_at or 0)) * (cfg.max_iters - step)  # mean step time so far, evals included
                 tok_s = tokens_per_step * train_steps / train_s  # this rank's training tokens/s since the last log
                 logger.log({"step": step, "train/loss": all_reduce(loss.item()).item() / world, "train/lr": lr,
                             "train/grad_norm": gnorm.item(), "perf/elapsed_s": dt, "perf/tok_s": tok_s * world,
                             "perf/mfu": tok_s * model.flops_per_token() / peak})
                 train_s, train_steps = 0.0, 0
                 if master:
-                    print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} | lr {lr:.2e} | {dt:.0f}s, eta {eta:.0f}s",
-                          flush=True)
+                    print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} | lr {lr:.2e} | {fmt_time(dt)}, "
+                          f"ETA {fmt_time(eta)}", flush=True)
     finally:
         stop.restore()
     if master:

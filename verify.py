@@ -1,4 +1,5 @@
-"""Reward functions for RL: exact answer, the <final> tag contract, first wrong token, overlong shaping.
+"""Reward functions for RL: exact answer, the <final> tag contract, exact text, first wrong token,
+overlong shaping.
 
 Every function here is pure and total: garbage, empty strings, arbitrary unicode, nested tags and
 5,000-digit numbers give a score, never an exception. Numbers are compared as digit strings and
@@ -105,4 +106,14 @@ def overlong_penalty(length: int, max_new_tokens: int, window: int) -> float:
     return -p if p > 0 else 0.0                 # 0.0, not -0.0
 
 
-VERIFIERS = {"exact": exact_answer, "final": final_answer}  # name -> f(completion, gold, reverse=False)
+def exact_text(completion: str, gold: str, reverse: bool = False) -> float:
+    """1.0 iff `completion` is exactly the string `gold` (with reverse=True, reversed back first),
+    else 0.0: exact match for your own tasks whose answers are not integers."""
+    if not isinstance(completion, str) or not isinstance(gold, str):
+        return 0.0
+    return float((completion[::-1] if reverse else completion) == gold)
+
+
+# name -> f(completion, gold, reverse=False); a task picks one with sft.py --verifier=NAME (stored in
+# the checkpoint, used by every eval and by rl.py's rewards). Your own: a function and one line here.
+VERIFIERS = {"exact": exact_answer, "final": final_answer, "text": exact_text}

@@ -3,6 +3,10 @@ Arithmetic tasks, generated in code and written as plain text files (seeded, qui
 
     python -m data.tasks --task=mul       # writes data/mul/{train,val,test}.txt, pairs and KTO labels
 
+Your own task is a folder with train.txt, val.txt and test.txt, one `prompt=answer` problem per line
+(any characters except '=' in the answer): `python sft.py --task=path/to/folder --reverse=false
+--verifier=text` (a name in verify.VERIFIERS; see the README's "bring your own task").
+
 Each line of a split file is one problem `a*b=c`, answer in normal digit order. Problems are split
 train/val/test **by unordered operand pair**: {23, 47} puts `23*47` and `47*23` in the same split,
 so no held-out problem (nor its mirror) is ever trained on. The split depends only on the data
@@ -124,9 +128,15 @@ def _write(path, lines):
 
 
 def ensure_data(task, data_dir=DATA_DIR, seed=DATA_SEED):
-    """Generate the task's files if they are missing; returns the task folder."""
+    """Generate the task's files if they are missing; returns the task folder. A task that is not a
+    name in TASKS but a folder holding train.txt, val.txt and test.txt is your own: returned as is."""
     if task not in TASKS:
-        raise DataError(f"unknown task {task!r}; valid: {sorted(TASKS)}")
+        if Path(task).is_dir():
+            missing = [f"{s}.txt" for s in SPLITS if not (Path(task) / f"{s}.txt").is_file()]
+            if missing:
+                raise DataError(f"task folder {task} lacks {', '.join(missing)} (one 'prompt=answer' problem per line)")
+            return Path(task)
+        raise DataError(f"unknown task {task!r}; valid: {sorted(TASKS)}, or a folder holding train.txt, val.txt, test.txt")
     root = Path(data_dir) / task
     stamp = json.dumps({"seed": seed, "task": TASKS[task], "splits": SPLITS, "kinds": WRONG_KINDS})
     if (root / "done").exists() and (root / "done").read_text() == stamp:
@@ -151,9 +161,17 @@ def ensure_data(task, data_dir=DATA_DIR, seed=DATA_SEED):
     return root
 
 
+def task_alphabet(task, problems):
+    """The char tokenizer's alphabet: ALPHABET for a built-in task; for your own task ALPHABET plus
+    every other character of its problems, sorted (so the same files always give the same ids)."""
+    if task in TASKS:
+        return ALPHABET
+    return ALPHABET + "".join(sorted(set("".join(p + a for p, a in problems)) - set(ALPHABET)))
+
+
 def load_problems(path, alphabet=ALPHABET):
     """Read `prompt=answer` lines -> [(prompt, answer)]. Tolerates a BOM, CRLF and blank lines;
-    anything else malformed is an error naming the file and line."""
+    anything else malformed is an error naming the file and line. alphabet None: any character."""
     out = []
     try:
         text = Path(path).read_text(encoding="utf-8-sig")

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from losses import (DEFAULTS, LOSSES, PREF_LOSSES, adaptive_beta, bt_loss, clip_objective, cliff_advantages, gae, gapo_eps_high,
+from losses import (BASELINES, DEFAULTS, LOSSES, PREF_LOSSES, adaptive_beta, bt_loss, clip_objective, cliff_advantages, gae, gapo_eps_high,
                     group_advantages, kl_estimate, kl_in_reward, masked_mean, masked_sum,
-                    resolve_hparams, response_logps, sequence_ratio, token_entropy, whiten, explained_variance)
+                    nll_loss, resolve_hparams, response_logps, sequence_ratio, token_entropy, whiten, explained_variance)
 
 # the reference batch: two right-padded responses of lengths 3 and 2
 LOGP = [[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]]
@@ -385,7 +385,8 @@ def test_resolve_hparams():
     assert resolve_hparams("reinforce", eps_low=None) == dict(beta=0.0)  # None for a knob it lacks: ignored
     assert (resolve_hparams("sapo")["tau_neg"], resolve_hparams("cispo")["eps_max"]) == (1.05, 5.0)
     assert resolve_hparams("cliff") == resolve_hparams("grpo")
-    assert set(LOSSES) | set(PREF_LOSSES) == set(DEFAULTS) and not set(LOSSES) & set(PREF_LOSSES)
+    assert set(LOSSES) | set(PREF_LOSSES) | set(BASELINES) == set(DEFAULTS) and not set(LOSSES) & set(PREF_LOSSES)
+    assert not (set(LOSSES) | set(PREF_LOSSES)) & set(BASELINES)
     with pytest.raises(ValueError, match="eps_lo\\b.*eps_low"):
         resolve_hparams("grpo", eps_lo=0.1)
     with pytest.raises(ValueError, match="'ppo2'.*grpo.*dapo"):
@@ -493,3 +494,15 @@ def test_bradley_terry_one_sgd_step():
     with torch.no_grad():
         s -= 1.0 * s.grad
     assert s.tolist() == pytest.approx([0.5, -0.5])
+
+
+def test_nll_baseline_is_the_token_mean_over_the_batch():
+    """losses.nll_loss (rl.py --loss=sft / rft): -sum m*logp / (all response tokens of the batch)."""
+    logp = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, float("-inf")]], requires_grad=True)
+    loss, stats = nll_loss(logp, MASK)
+    assert loss.item() == pytest.approx((1.0 + 0.5 + 2.0 + 0.3 + 1.2) / 5) and float(stats["nll"]) == loss.item()
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.2, -0.2, -0.2], [-0.2, -0.2, 0.0]]))  # padding: 0, not NaN
+    part, _ = nll_loss(logp[:1], MASK[:1], n_tokens=5)  # a micro-batch with the global token count
+    assert part.item() == pytest.approx(3.5 / 5)
+    assert BASELINES == {"sft": nll_loss, "rft": nll_loss} and DEFAULTS["sft"] == DEFAULTS["rft"] == {}

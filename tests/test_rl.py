@@ -50,6 +50,7 @@ def test_every_loss_runs_and_logs(sft_ckpt, tmp_path, loss, varied_reward):
     assert [r["step"] for r in evals] == [0, 2]
     for r in evals:
         assert 0 <= r["eval/accuracy"] <= 1 and r["eval/n"] == 810 and "eval/kl" in r and r["eval/examples"]
+        assert 1 <= r["eval/resp_len"] <= TINY_RL.get("max_new_tokens", 8) and 0 <= r["eval/truncated_frac"] <= 1
     for r in train:
         for k in SPEC8_KEYS:
             assert k in r and torch.isfinite(torch.tensor(float(r[k]))), (loss, k)
@@ -130,3 +131,71 @@ def test_cli_errors(tmp_path):
     assert r.returncode != 0 and "python sft.py configs/mul.py" in r.stderr and "Traceback" not in r.stderr
     r = cli("rl.py", "--group_size=1")
     assert r.returncode != 0 and "group_size" in r.stderr
+
+
+def test_sft_baseline_trains_on_gold_answers(sft_ckpt, tmp_path):
+    """--loss=sft: pairs_per_step gold (prompt, answer + EOS) rows per step, per-token NLL; the NLL of
+    gold answers of train problems falls from the SFT model's."""
+    from common import pack
+    from data.tasks import ensure_data, load_problems
+    from model import model_from_checkpoint
+    res, rows = run(sft_ckpt, tmp_path, loss="sft", pairs_per_step=64, lr=3e-3, max_iters=20, eval_interval=20)
+    train = [r for r in rows if "rl/loss" in r]
+    assert len(train) == 20 and all(r["rl/n_seqs"] == 64 and r["rl/loss"] == r["rl/nll"] > 0 for r in train)
+    ckpt = load_checkpoint(sft_ckpt)
+    sft_model, tok = model_from_checkpoint(ckpt, sft_ckpt)
+    ids, mask = pack(rl.answer_rows(tok, load_problems(ensure_data("mul") / "train.txt")[:256], ckpt["config"]["reverse"]), tok.pad_id)
+    nll = lambda m: L.nll_loss(*L.response_logps(m.eval()(ids), ids, mask))[0].item()  # noqa: E731
+    assert nll(res["model"]) < nll(sft_model) - 0.02  # 1.553 vs 1.593 here
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 20] and rows[-1]["eval/kl"] > 0
+    assert "perf/rollout_tok_s" not in train[0]  # no rollouts
+
+
+def test_rft_trains_on_the_verified_correct_samples_only(sft_ckpt, tmp_path, varied_reward):
+    _, rows = run(sft_ckpt, tmp_path, loss="rft", max_iters=3, eval_interval=3)
+    train = [r for r in rows if "rl/loss" in r]
+    assert len(train) == 3
+    for r in train:  # every correct sample of the 4 x 4 is kept, all-correct groups too; nothing else
+        assert r["rl/n_seqs"] == round(r["rl/accuracy"] * 16) > 0 and "rl/zero_std_frac" in r
+
+
+def test_rft_without_a_correct_sample_skips_the_step(sft_ckpt, tmp_path, monkeypatch):
+    monkeypatch.setattr(rl, "exact_answer", lambda *a, **k: 0.0)
+    res, rows = run(sft_ckpt, tmp_path, loss="rft", max_iters=2)
+    assert not [r for r in rows if "rl/loss" in r] and [r["step"] for r in rows if "eval/accuracy" in r] == [0, 2]  # skipped steps still end in the final eval
+    sft_state = load_checkpoint(sft_ckpt)["model"]
+    assert all(torch.equal(v, sft_state[k]) for k, v in res["model"].state_dict().items())
+
+
+def test_max_seconds_stops_after_the_step_then_evaluates(sft_ckpt, tmp_path):
+    _, rows = run(sft_ckpt, tmp_path, loss="sft", pairs_per_step=4, max_iters=50, eval_interval=50, max_seconds=1e-9)
+    evals = [r for r in rows if "eval/accuracy" in r]
+    assert [r["step"] for r in evals] == [0, 1] and evals[0]["perf/train_s"] == 0 < evals[1]["perf/train_s"]
+    assert load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 1
+    _, rows = run(sft_ckpt, tmp_path / "timed", loss="sft", pairs_per_step=4, max_iters=3, eval_interval=50, eval_seconds=1e-9)
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 1, 2, 3]  # eval_seconds: one eval per step here
+
+
+def test_wandb_offline_run_records_its_config(sft_ckpt, tmp_path, monkeypatch):
+    """--wandb=true with WANDB_MODE=offline: no network; the run's event log holds the resolved config,
+    the group and the run name (read as bytes: wandb's reader is internal API)."""
+    for k, v in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path), "WANDB_CONSOLE": "off"}.items():
+        monkeypatch.setenv(k, v)
+    run(sft_ckpt, tmp_path, loss="grpo", max_iters=1, eval_interval=1, wandb=True, wandb_group="grp-test-7",
+        wandb_run_name="run-test-7")
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1
+    log = b"".join(p.read_bytes() for p in runs[0].glob("*.wandb"))
+    for needle in (b"grp-test-7", b"run-test-7", b"wandb_group", b"eps_high", b"eval/accuracy", str(tmp_path).encode()):
+        assert needle in log, needle
+
+
+def test_a_wandb_failure_never_stops_training(sft_ckpt, tmp_path, monkeypatch, capsys):
+    import wandb
+
+    def broken(*a, **k):
+        raise RuntimeError("no network")
+    monkeypatch.setattr(wandb, "init", broken)
+    res, rows = run(sft_ckpt, tmp_path, loss="sft", pairs_per_step=4, max_iters=1, eval_interval=1, wandb=True)
+    assert "warning: wandb disabled (RuntimeError: no network)" in capsys.readouterr().out
+    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 1]

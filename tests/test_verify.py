@@ -137,7 +137,9 @@ def test_final_answer(completion, gold, want):
 def test_registry():
     assert VERIFIERS["exact"]("1801", "1081", reverse=True) == 1.0
     assert VERIFIERS["final"]("<final>1081</final>", "1081", reverse=True) == 1.0  # final ignores reverse
-    assert set(VERIFIERS) == {"exact", "final"}
+    assert VERIFIERS["text"]("ab c", "ab c") == 1.0 and VERIFIERS["text"]("c ba", "ab c", reverse=True) == 1.0
+    assert VERIFIERS["text"]("ab", "ab ") == 0.0 and VERIFIERS["text"](None, "ab") == 0.0
+    assert set(VERIFIERS) == {"exact", "final", "text"}
 
 
 # ---------------------------------------------------------------- first_wrong_token
