@@ -297,11 +297,13 @@ def from_pretrained(name_or_path, block_size=None, dropout=0.0):
     conventions are ours (biases, LayerNorm eps 1e-5, tanh GELU, 1/sqrt(head_dim) attention), so the
     logits agree; a config that departs from them is refused. Every failure is a CheckpointError."""
     try:
+        from huggingface_hub.utils import logging as hub_logging
         from transformers import GPT2LMHeadModel
         from transformers.utils import logging as hf_logging
     except ImportError:
         raise CheckpointError(f"init_from={name_or_path!r} needs Hugging Face transformers: pip install transformers") from None
-    hf_logging.set_verbosity_error()  # one line on failure, not transformers' retry warnings
+    hf_logging.set_verbosity_error()  # one line on failure, not the hub's retry warnings
+    hub_logging.set_verbosity_error()
     try:
         hf = GPT2LMHeadModel.from_pretrained(name_or_path)
     except Exception as e:

@@ -3,12 +3,17 @@ Supervised fine-tuning (here: training from scratch) of the GPT on an arithmetic
 
     python sft.py configs/mul.py                 # ~4 min on a 2-core CPU -> out/sft-mul/ckpt.pt
     python sft.py configs/mul.py --lr=3e-4 --max_iters=500 --out_dir=out/try
+    python sft.py configs/gpt2_mul.py            # GPT-2-small shape, tiktoken gpt2 BPE, the task in words
+    python sft.py configs/gpt2_mul.py --init_from=gpt2   # from OpenAI's weights (needs transformers)
 
 Loss on the response tokens (answer + EOS) by default, `--loss_on=all` for every token. AdamW with
 linear warmup and cosine decay. Evaluates at step 0, every `eval_interval` and at the end: greedy
 exact-match accuracy on val (`val/accuracy`, used for `best.pt` and `target_val_accuracy`) and on
 test (`eval/accuracy`, `eval/n`, sampled `eval/pass@1`, `eval/pass@8`). Writes out_dir/ckpt.pt,
 out_dir/best.pt and out_dir/metrics.jsonl; `--resume=true` continues from out_dir/ckpt.pt.
+`--micro_batch_size` splits each batch into micro-batches whose gradients accumulate to the full
+batch's (same global batch, less memory); `--tokenizer=gpt2` uses tiktoken's GPT-2 BPE;
+`--init_from` loads Hugging Face GPT-2 weights (hub name or save_pretrained folder) into model.py.
 """
 import json
 import math
@@ -21,15 +26,16 @@ import torch
 import torch.nn.functional as F
 
 from common import Logger, UserError, encode_prompts, evaluate, print_config, run_cli
-from data.tasks import ALPHABET, TASKS, ensure_data, format_answer, load_problems
-from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
-from tokenizer import CharTokenizer
+from data.tasks import ALPHABET, TASKS, format_answer, load_split
+from model import GPT, GPTConfig, from_pretrained, load_checkpoint, save_checkpoint
+from tokenizer import get_tokenizer
 
 
 @dataclass
 class Config:
     task: str = "mul"  # a name in data.tasks.TASKS
     reverse: bool = True  # numbers least-significant digit first: 23*47=1081 is read as 32*74=1801
+    tokenizer: str = "char"  # "char" (the task alphabet) or a tiktoken encoding, e.g. "gpt2"
     out_dir: str = "out/sft-mul"
     seed: int = 1337
     # model
@@ -38,8 +44,10 @@ class Config:
     n_embd: int = 128
     block_size: int = 32
     dropout: float = 0.0
+    init_from: str = "scratch"  # or Hugging Face GPT-2 weights: "gpt2", "gpt2-medium", ... or a save_pretrained folder
     # optimisation
-    batch_size: int = 256
+    batch_size: int = 256  # rows per optimizer step (the global batch)
+    micro_batch_size: int = 0  # rows per forward/backward, gradients accumulated over the batch; 0 = batch_size
     lr: float = 1e-3
     min_lr: float = 1e-4  # end of the cosine decay
     warmup_iters: int = 100
@@ -74,6 +82,23 @@ def lr_at(it, cfg):
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * frac)) * (cfg.lr - cfg.min_lr)
 
 
+def accumulate_grads(model, x, y, mask, micro_batch_size, bf16=False):
+    """Forward and backward over micro-batches of at most micro_batch_size rows of x, y, mask (N, T).
+    Each micro-batch's summed token loss is divided by the target-token count of the whole batch,
+    so the accumulated gradients equal the full batch's (SPEC §9.4). Returns that batch's mean
+    token loss (detached); the caller zeroes the gradients before and steps after."""
+    n_tok, total = mask.sum(), torch.zeros(())
+    for i in range(0, len(x), micro_batch_size):
+        rows = slice(i, i + micro_batch_size)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x[rows])  # (b, T, V)
+        nll = F.cross_entropy(logits.flatten(0, 1).float(), y[rows].flatten(), reduction="none")  # (b*T,)
+        loss = (nll * mask[rows].flatten()).sum() / n_tok
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
 def encode_split(tok, problems, reverse, block_size, loss_on):
     """Tokenise [(prompt, answer)] -> x, y (N, T) and the loss mask on the targets (N, T)."""
     prompts = encode_prompts(tok, [p for p, _ in problems], reverse)
@@ -98,18 +123,27 @@ def main(cfg):
         raise UserError(f"loss_on must be 'response' or 'all', got {cfg.loss_on!r}")
     if cfg.task not in TASKS:
         raise UserError(f"unknown task {cfg.task!r}; valid: {sorted(TASKS)}")
+    if TASKS[cfg.task].get("text") and cfg.tokenizer == "char":
+        raise UserError(f"task {cfg.task!r} is asked in words: it needs a BPE tokenizer (--tokenizer=gpt2)")
+    if cfg.micro_batch_size < 0 or cfg.batch_size < 1:
+        raise UserError(f"batch_size must be >= 1 and micro_batch_size >= 0, got {cfg.batch_size}, {cfg.micro_batch_size}")
     print_config(cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    root = ensure_data(cfg.task)
-    train, val, test = (load_problems(root / f"{s}.txt") for s in ("train", "val", "test"))
-    tok = CharTokenizer(ALPHABET)
+    tok = get_tokenizer(cfg.tokenizer, ALPHABET)
+    train, val, test = (load_split(cfg.task, s) for s in ("train", "val", "test"))
     x, y, lmask = encode_split(tok, train, cfg.reverse, cfg.block_size, cfg.loss_on)
     print(f"{cfg.task}: {len(train)} train / {len(val)} val / {len(test)} test problems", flush=True)
 
-    model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=tok.vocab_size, n_layer=cfg.n_layer,
-                          n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout))
+    if cfg.init_from == "scratch":
+        model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=tok.vocab_size, n_layer=cfg.n_layer,
+                              n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout))
+    else:  # Hugging Face GPT-2 weights: n_layer, n_head and n_embd are theirs
+        model = from_pretrained(cfg.init_from, cfg.block_size, cfg.dropout)
+        if model.config.vocab_size != tok.vocab_size:
+            raise UserError(f"init_from={cfg.init_from!r} has {model.config.vocab_size} tokens, the tokenizer "
+                            f"{cfg.tokenizer!r} {tok.vocab_size}: use the model's own (--tokenizer=gpt2)")
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
     gen = torch.Generator().manual_seed(cfg.seed)  # batch order
     eval_gen = torch.Generator().manual_seed(cfg.seed + 1)  # pass@k samples
@@ -174,14 +208,10 @@ def main(cfg):
         for g in opt.param_groups:
             g["lr"] = lr
         idx = torch.randint(len(x), (cfg.batch_size,), generator=gen)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-            logits = model(x[idx])
-        nll = F.cross_entropy(logits.flatten(0, 1).float(), y[idx].flatten(), reduction="none")
-        loss = (nll * lmask[idx].flatten()).sum() / lmask[idx].sum()  # mean over target tokens
-        if not torch.isfinite(loss):
-            raise UserError(f"non-finite loss {loss.item()} at step {step}; last good checkpoint kept at {ckpt_path}")
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss = accumulate_grads(model, x[idx], y[idx], lmask[idx], cfg.micro_batch_size or cfg.batch_size, use_bf16)
+        if not torch.isfinite(loss):  # mean over target tokens
+            raise UserError(f"non-finite loss {loss.item()} at step {step}; last good checkpoint kept at {ckpt_path}")
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
         opt.step()
         step += 1
