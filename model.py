@@ -58,6 +58,26 @@ class KVCache:
         self.v = self.v.repeat_interleave(G, dim=1)
 
 
+class PrefixKV:
+    """The training-side cache: each prompt's keys/values, computed once with gradient, expanded to
+    its G rows for the responses to attend to. Kept as tensors, not written in place (a
+    preallocated KVCache would break autograd), so gradients from all G rows reach the prompt."""
+
+    def __init__(self):
+        self.k, self.v, self.pos = [], [], 0
+
+    def update(self, layer, k, v):
+        if self.pos == 0:  # the prompt pass: keep (B, nh, P, hd)
+            self.k.append(k)
+            self.v.append(v)
+            return k, v
+        return torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)  # (N, nh, P+T, hd)
+
+    def expand(self, G):
+        self.k = [t.repeat_interleave(G, dim=0) for t in self.k]
+        self.v = [t.repeat_interleave(G, dim=0) for t in self.v]
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg):
         super().__init__()
@@ -244,6 +264,33 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
     return dict(ids=torch.cat([prompt_ids, out[:, :L]], dim=1),
                 response_mask=torch.cat([torch.zeros_like(prompt_ids), rmask[:, :L]], dim=1),
                 logps=logps[:, :L], offsets=offsets, prompt_len=P)
+
+
+def response_forward(model, ids, offsets, P, G=1, return_scalar=False):
+    """The logits that score each response token, (N, L, V) at positions P-1 .. P+L-2 of ids (N, P+L)
+    (and the scalar head there, (N, L), with return_scalar): model(ids, offsets)[:, P-1:-1].
+
+    With G > 1 the rows come in groups of G sharing a prompt, as `generate` returns them: the prompts
+    run once and their keys/values are expanded to G rows (PrefixKV), as in sampling, so a step
+    costs n_prompts*P + N*(L-1) token positions instead of N*(P+L), and the gradient still flows
+    through the shared prompt."""
+    if G == 1:
+        out = model(ids, offsets, return_scalar=return_scalar)
+        return tuple(t[:, P - 1:-1] for t in out) if return_scalar else out[:, P - 1:-1]
+    prompts = ids[::G, :P]  # (n, P)
+    if ids.size(0) % G or not bool((ids[:, :P].view(-1, G, P) == prompts[:, None]).all()):
+        raise ValueError(f"rows do not come in groups of G={G} sharing a prompt")
+    cache = PrefixKV()
+    first = model(prompts, offsets[::G], cache, return_scalar)  # (n, P, V) [, (n, P)]
+    first = (first,) if not return_scalar else first
+    parts = [[t[:, -1:].repeat_interleave(G, dim=0)] for t in first]  # position P-1 of each row
+    if ids.size(1) > P + 1:
+        cache.expand(G)
+        rest = model(ids[:, P:-1], offsets, cache, return_scalar)  # (N, L-1, V) [, (N, L-1)]
+        for part, t in zip(parts, rest if return_scalar else (rest,)):
+            part.append(t)
+    out = tuple(torch.cat(part, dim=1) for part in parts)
+    return out if return_scalar else out[0]
 
 
 # ----------------------------------------------------------------------------- checkpoints
