@@ -34,7 +34,7 @@ import torch
 
 import losses as L
 from common import Logger, UserError, encode_prompts, evaluate, grade, pack, print_config, record_rows, run_cli
-from data.tasks import ensure_data, format_answer, load_problems, load_records
+from data.tasks import ensure_data, format_answer, load_records, load_split
 from model import generate, load_checkpoint, model_from_checkpoint, response_forward, save_checkpoint
 from verify import exact_answer, first_wrong_token, overlong_penalty
 
@@ -441,7 +441,7 @@ def main(cfg):
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     root = ensure_data(task)
-    train, val, test = (load_problems(root / f"{s}.txt") for s in ("train", "val", "test"))
+    train, val, test = (load_split(task, s) for s in ("train", "val", "test"))  # a text task's prompts in words
     if max(len(p) for p in encode_prompts(tok, [p for p, _ in train], reverse)) + cfg.max_new_tokens > model.config.block_size:
         raise UserError(f"max_new_tokens={cfg.max_new_tokens} does not fit block_size={model.config.block_size}")
 

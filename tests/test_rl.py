@@ -168,3 +168,14 @@ def test_micro_batches_give_the_same_step(loss, varied_reward):
             assert v == pytest.approx(res[micro][0][k], rel=1e-5, abs=1e-6), (micro, k)
         for a, b in zip(res[24][1], res[micro][1]):
             assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_rl_on_the_text_task_with_a_bpe_tokenizer(tmp_path, monkeypatch, varied_reward):
+    """An SFT checkpoint of the text task with a BPE tokenizer: rl.py reads its prompts in words."""
+    from test_sft import BPE, toy_bpe
+    sft.main(sft.Config(tokenizer=toy_bpe(monkeypatch), out_dir=str(tmp_path / "sft"), **BPE))
+    _, rows = run(str(tmp_path / "sft" / "ckpt.pt"), tmp_path / "rl", max_iters=1, eval_interval=1, eval_samples=0,
+                  dynamic_sampling=False, max_new_tokens=6)
+    evals = [r for r in rows if "eval/accuracy" in r]
+    assert [r["step"] for r in evals] == [0, 1] and evals[0]["eval/examples"][0]["prompt"].startswith("What is ")
+    assert [r for r in rows if "rl/logp_mismatch" in r][0]["rl/logp_mismatch"] <= 1e-5
