@@ -563,10 +563,10 @@ def optimizer_step(model, opt, loss, lr, grad_clip, backward=True):
     if backward:
         opt.zero_grad(set_to_none=True)
         loss.backward()
-    bad = nonfinite(loss, model)
-    if bad:
-        raise FloatingPointError(bad)
-    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    gnorm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    if not (torch.isfinite(loss) and torch.isfinite(gnorm)):  # a finite norm means every gradient is finite
+        raise FloatingPointError(nonfinite(loss, model))
+    torch.nn.utils.clip_grads_with_norm_(model.parameters(), grad_clip, gnorm)
     opt.step()
     return gnorm
 
