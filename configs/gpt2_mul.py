@@ -4,7 +4,7 @@
 # of 64 (--micro_batch_size) with the same gradient. From scratch by default; --init_from=gpt2 starts from
 # OpenAI's weights (needs transformers; --lr=1e-4 there). Needs the gpt2 BPE files (tiktoken fetches them
 # once; offline it stops with one line naming the file). Not trained to the end here (CPU only, no result
-# yet); on 2 CPU cores `--max_iters=2` is a smoke test of about 4 minutes, mostly the two greedy evals.
+# yet); on 2 shared CPU cores `--max_iters=2` is a smoke test of about 5 minutes, mostly the two greedy evals.
 task = "mul_text"
 tokenizer = "gpt2"
 reverse = False  # BPE merges digits into chunks of up to 3; no reversed format
