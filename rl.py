@@ -12,7 +12,9 @@ GAE on its value head) -> reference log-probs (only when a KL term needs them) -
 `minibatches` clipped updates. Dynamic sampling (on by default) drops groups whose rewards are all
 equal and refills the batch with new prompts.
 The sampler's log-probs are the old log-probs (same tempered distribution, dropout off), so nothing
-is recomputed; `rl/logp_mismatch` checks that the trainer agrees at the first update.
+is recomputed; `rl/logp_mismatch` checks that the trainer agrees at the first update. The reference,
+value and update forwards run each prompt once for its G rows (model.response_forward), and the
+sampler and every forward take `micro_batch_size` rows at a time (gradients accumulate): memory.
 Held-out eval (test greedy accuracy, pass@1, pass@8; val accuracy picks best.pt) at step 0, every
 `eval_interval` and at the end, with KL to the reference on fresh samples for every loss.
 Writes out_dir/{ckpt.pt,best.pt,metrics.jsonl}.
