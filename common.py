@@ -354,10 +354,11 @@ def pack(rows, pad_id):
 
 @torch.no_grad()
 def evaluate(model, tok, problems, reverse, max_new_tokens, n_samples=0, temperature=1.0, k=8,
-             batch_size=512, generator=None, prefix="eval", n_show=3, verifier=exact_answer):
+             batch_size=64, generator=None, prefix="eval", n_show=3, verifier=exact_answer):
     """Greedy accuracy on `problems` [(prompt, answer)] under `verifier` (the task's, default exact
     match), and with n_samples > 0 the sampled pass@1 and pass@k (unbiased estimator, n_samples per
-    problem at `temperature`). Returns (metrics, examples) where examples are a few (prompt, completion, reward)."""
+    problem at `temperature`). At most batch_size rows go through the sampler at once (memory: the
+    KV cache grows with them). Returns (metrics, examples) where examples are a few (prompt, completion, reward)."""
     correct, passes1, passesk, examples = 0, 0.0, 0.0, []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
@@ -367,11 +368,12 @@ def evaluate(model, tok, problems, reverse, max_new_tokens, n_samples=0, tempera
             correct += rew
             if len(examples) < n_show:
                 examples.append({"prompt": chunk[j][0], "completion": text, "reward": rew})
-        if n_samples > 0:
-            out = generate(model, prompts, max_new_tokens, tok.eos_id, tok.pad_id, G=n_samples,
+        step = max(1, batch_size // max(1, n_samples))  # prompts per sampled batch: at most batch_size rows
+        for j in range(0, len(chunk) if n_samples > 0 else 0, step):
+            out = generate(model, prompts[j:j + step], max_new_tokens, tok.eos_id, tok.pad_id, G=n_samples,
                            temperature=temperature, generator=generator)
-            gold = [a for _, a in chunk for _ in range(n_samples)]
-            rew = torch.tensor([r for r, _ in score_samples(tok, out, gold, reverse, verifier)]).view(len(chunk), n_samples)
+            gold = [a for _, a in chunk[j:j + step] for _ in range(n_samples)]
+            rew = torch.tensor([r for r, _ in score_samples(tok, out, gold, reverse, verifier)]).view(-1, n_samples)
             for c in rew.sum(1).tolist():
                 passes1 += pass_at_k(n_samples, int(c), 1)
                 passesk += pass_at_k(n_samples, int(c), min(k, n_samples))

@@ -38,10 +38,16 @@ def response_logps(logits, input_ids, response_mask, temperature=1.0):
     logits (B, T, V) at position t score token t+1, so logp[:, j] = log p(input_ids[:, j+1]) and
     mask = response_mask[:, 1:] (the labels are masked, not the inputs). Masked entries are 0."""
     mask = response_mask[:, 1:]                                      # (B, T-1)
-    labels = torch.where(mask.bool(), input_ids[:, 1:], 0)           # (B, T-1) a valid index at padding
-    z = logits[:, :-1].float() / temperature                         # (B, T-1, V)
-    logp = z.gather(-1, labels[..., None]).squeeze(-1) - z.logsumexp(-1)  # (B, T-1)
-    return torch.where(mask.bool(), logp, 0.0), mask
+    return token_logps(logits[:, :-1], input_ids[:, 1:], mask, temperature), mask
+
+
+def token_logps(logits, labels, mask, temperature=1.0):
+    """(B, T) log-probs of labels (B, T) under the tempered fp32 softmax of the logits (B, T, V) that
+    score them (already shifted); 0 where mask is 0."""
+    labels = torch.where(mask.bool(), labels, 0)                     # (B, T) a valid index at padding
+    z = logits.float() / temperature                                 # (B, T, V)
+    logp = z.gather(-1, labels[..., None]).squeeze(-1) - z.logsumexp(-1)  # (B, T)
+    return torch.where(mask.bool(), logp, 0.0)
 
 
 def token_entropy(logits, temperature=1.0):

@@ -11,6 +11,8 @@ The GPT (nanoGPT-style, GPT-2 names), its KV cache, the batched sampler, and che
 - An optional scalar head (`nn.Linear(n_embd, 1)`) on the last hidden state serves as value head
   (PPO) or reward head (reward model).
 - `save_checkpoint` / `load_checkpoint`: one plain dict, atomic write, `weights_only=True` load.
+- `from_pretrained("gpt2")` (or a `save_pretrained` folder): Hugging Face GPT-2 weights mapped into
+  this GPT; needs `transformers`, only then.
 """
 import math
 import os
@@ -54,6 +56,26 @@ class KVCache:
         """Each row becomes G consecutive rows (one prefill per prompt, G samples from it)."""
         self.k = self.k.repeat_interleave(G, dim=1)
         self.v = self.v.repeat_interleave(G, dim=1)
+
+
+class PrefixKV:
+    """The training-side cache: each prompt's keys/values, computed once with gradient, expanded to
+    its G rows for the responses to attend to. Kept as tensors, not written in place (a
+    preallocated KVCache would break autograd), so gradients from all G rows reach the prompt."""
+
+    def __init__(self):
+        self.k, self.v, self.pos = [], [], 0
+
+    def update(self, layer, k, v):
+        if self.pos == 0:  # the prompt pass: keep (B, nh, P, hd)
+            self.k.append(k)
+            self.v.append(v)
+            return k, v
+        return torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)  # (N, nh, P+T, hd)
+
+    def expand(self, G):
+        self.k = [t.repeat_interleave(G, dim=0) for t in self.k]
+        self.v = [t.repeat_interleave(G, dim=0) for t in self.v]
 
 
 class CausalSelfAttention(nn.Module):
@@ -250,6 +272,33 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
                 logps=logps[:, :L], offsets=offsets, prompt_len=P)
 
 
+def response_forward(model, ids, offsets, P, G=1, return_scalar=False):
+    """The logits that score each response token, (N, L, V) at positions P-1 .. P+L-2 of ids (N, P+L)
+    (and the scalar head there, (N, L), with return_scalar): model(ids, offsets)[:, P-1:-1].
+
+    With G > 1 the rows come in groups of G sharing a prompt, as `generate` returns them: the prompts
+    run once and their keys/values are expanded to G rows (PrefixKV), as in sampling, so a step
+    costs n_prompts*P + N*(L-1) token positions instead of N*(P+L), and the gradient still flows
+    through the shared prompt."""
+    if G == 1:
+        out = model(ids, offsets, return_scalar=return_scalar)
+        return tuple(t[:, P - 1:-1] for t in out) if return_scalar else out[:, P - 1:-1]
+    prompts = ids[::G, :P]  # (n, P)
+    if ids.size(0) % G or not bool((ids[:, :P].view(-1, G, P) == prompts[:, None]).all()):
+        raise ValueError(f"rows do not come in groups of G={G} sharing a prompt")
+    cache = PrefixKV()
+    first = model(prompts, offsets[::G], cache, return_scalar)  # (n, P, V) [, (n, P)]
+    first = (first,) if not return_scalar else first
+    parts = [[t[:, -1:].repeat_interleave(G, dim=0)] for t in first]  # position P-1 of each row
+    if ids.size(1) > P + 1:
+        cache.expand(G)
+        rest = model(ids[:, P:-1], offsets, cache, return_scalar)  # (N, L-1, V) [, (N, L-1)]
+        for part, t in zip(parts, rest if return_scalar else (rest,)):
+            part.append(t)
+    out = tuple(torch.cat(part, dim=1) for part in parts)
+    return out if return_scalar else out[0]
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 class CheckpointError(RuntimeError):
@@ -288,6 +337,55 @@ def load_checkpoint(path, hint="train one with: python sft.py configs/mul.py"):
     if missing:
         raise CheckpointError(f"{path}: not a nanorl checkpoint (missing {', '.join(missing)})")
     return ckpt
+
+
+# Hugging Face GPT-2 stores these as Conv1D weights, (in, out): nn.Linear wants (out, in)
+HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+
+
+def from_pretrained(name_or_path, block_size=None, dropout=0.0):
+    """A GPT holding Hugging Face GPT-2 weights: a hub name ("gpt2", "gpt2-medium", ...) or a folder
+    written by `save_pretrained`. Same names as ours; Conv1D weights are transposed, lm_head stays
+    tied to wte, wpe is cropped to block_size (default: the model's n_positions). GPT-2's
+    conventions are ours (biases, LayerNorm eps 1e-5, tanh GELU, 1/sqrt(head_dim) attention), so the
+    logits agree; a config that departs from them is refused. Every failure is a CheckpointError."""
+    try:
+        from huggingface_hub.utils import logging as hub_logging
+        from transformers import GPT2LMHeadModel
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        raise CheckpointError(f"init_from={name_or_path!r} needs Hugging Face transformers: pip install transformers") from None
+    hf_logging.set_verbosity_error()  # one line on failure, not the hub's retry warnings
+    hub_logging.set_verbosity_error()
+    try:
+        hf = GPT2LMHeadModel.from_pretrained(name_or_path)
+    except Exception as e:
+        where = f"the folder {name_or_path}" if os.path.isdir(name_or_path) else \
+            f"https://huggingface.co/{name_or_path} (config.json, model.safetensors; no network? give a save_pretrained folder)"
+        msg = " ".join(str(e).split())[:200]
+        raise CheckpointError(f"could not load Hugging Face GPT-2 weights from {where}: {e.__class__.__name__}: {msg}") from None
+    c = hf.config
+    expect = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "layer_norm_epsilon": (1e-5,),
+              "n_inner": (None, 4 * c.n_embd), "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,),
+              "add_cross_attention": (False,), "tie_word_embeddings": (True,)}
+    unsupported = {k: getattr(c, k) for k, ok in expect.items() if getattr(c, k) not in ok}
+    if unsupported:
+        raise CheckpointError(f"{name_or_path}: GPT-2 variant not supported by model.py ({unsupported})")
+    block_size = block_size or c.n_positions
+    if block_size > c.n_positions:
+        raise CheckpointError(f"{name_or_path}: block_size={block_size} exceeds its n_positions={c.n_positions}")
+    model = GPT(GPTConfig(block_size=block_size, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
+                          n_embd=c.n_embd, dropout=dropout, bias=True))
+    src = hf.state_dict()
+    state = {}
+    for k in model.state_dict():
+        w = src[k] if k in src else src["transformer.wte.weight"] if k == "lm_head.weight" else None
+        if w is None:
+            raise CheckpointError(f"{name_or_path}: no weight {k!r} in the Hugging Face model")
+        w = w.t() if k.endswith(HF_TRANSPOSED) else w[:block_size] if k == "transformer.wpe.weight" else w
+        state[k] = w.float()
+    model.load_state_dict(state)
+    return model
 
 
 def model_from_checkpoint(ckpt, path="checkpoint", scalar_head=None):

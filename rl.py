@@ -13,7 +13,9 @@ GAE on its value head) -> reference log-probs (only when a KL term needs them) -
 `minibatches` clipped updates. Dynamic sampling (on by default) drops groups whose rewards are all
 equal and refills the batch with new prompts.
 The sampler's log-probs are the old log-probs (same tempered distribution, dropout off), so nothing
-is recomputed; `rl/logp_mismatch` checks that the trainer agrees at the first update.
+is recomputed; `rl/logp_mismatch` checks that the trainer agrees at the first update. The reference,
+value and update forwards run each prompt once for its G rows (model.response_forward), and the
+sampler and every forward take `micro_batch_size` rows at a time (gradients accumulate): memory.
 Held-out eval (test greedy accuracy, pass@1, pass@8; val accuracy picks best.pt) at step 0, every
 `eval_interval` and at the end, with KL to the reference on fresh samples for every loss.
 Writes out_dir/{ckpt.pt,best.pt,metrics.jsonl}.
@@ -45,8 +47,8 @@ import losses as L
 from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, evaluate, fmt_time, gather_objects, grade,
                     init_distributed, mean_over_ranks, nonfinite, pack, print_config, record_rows, resolve_device, run_cli,
                     truncate_metrics, verifier_of)
-from data.tasks import ALPHABET, TASKS, ensure_data, format_answer, load_problems, load_records
-from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
+from data.tasks import ensure_data, format_answer, load_records, load_split
+from model import generate, load_checkpoint, model_from_checkpoint, response_forward, save_checkpoint
 from verify import exact_answer, first_wrong_token, overlong_penalty
 
 # Rollout-side defaults that differ by loss (the loss-side ones live in losses.DEFAULTS): DAPO's
@@ -87,6 +89,7 @@ class Config:
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch
+    micro_batch_size: int = 64  # rows per forward/backward and per sampler call (whole groups): memory, not the math
     # loss hyperparameters: None = the loss's own default (losses.DEFAULTS), printed and logged
     beta: Optional[float] = None
     eps_low: Optional[float] = None
@@ -202,7 +205,9 @@ class RunningMoments:
 @torch.no_grad()
 def rm_scores(rm, out):
     """(N,) reward-model score at each sampled response's last token (its EOS when it finished)."""
-    _, s = rm(out["ids"], out["offsets"], return_scalar=True)  # (N, T)
+    rows = 128  # at a time: memory
+    s = torch.cat([rm(out["ids"][i:i + rows], out["offsets"][i:i + rows], return_scalar=True)[1]
+                   for i in range(0, out["ids"].size(0), rows)])  # (N, T)
     last = out["prompt_len"] + out["response_mask"][:, out["prompt_len"]:].sum(1) - 1  # (N,)
     return s[torch.arange(s.size(0), device=s.device), last]
 
@@ -212,8 +217,9 @@ def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None
     the task's verifier (default exact_answer); with rm = (reward model, RunningMoments) the reward is
     the RM's (normalised) score instead."""
     prompts = encode_prompts(tok, [problems[i][0] for i in idx], reverse)
-    out = generate(model, prompts, cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=cfg.group_size,
-                   temperature=cfg.temperature, generator=gen)
+    n = max(1, cfg.micro_batch_size // cfg.group_size)  # prompts per generate call: memory, one prefill each
+    out = cat_rollouts([generate(model, prompts[i:i + n], cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=cfg.group_size,
+                                 temperature=cfg.temperature, generator=gen) for i in range(0, len(prompts), n)])
     P, window = out["prompt_len"], overlong_window(cfg)
     correct, reward, first_wrong, lengths, finished = [], [], [], [], []
     for row, (ids, m) in enumerate(zip(out["ids"][:, P:].tolist(), out["response_mask"][:, P:].tolist())):
@@ -291,15 +297,13 @@ def advantages(cfg, batch, hp, ref_logp):
     return adv, extra
 
 
-def policy_logps(model, ids, offsets, full_mask, P, temperature, values=False):
-    """Trainer-side log-probs of the response tokens (N, L), the logits at those positions, and with
-    values=True the value head at the same positions (N, L): V_t, the state before response token t."""
-    if values:
-        logits, v = model(ids, offsets, return_scalar=True)
-    else:
-        logits, v = model(ids, offsets), None
-    lp, _ = L.response_logps(logits, ids, full_mask, temperature=temperature)
-    return lp[:, P - 1:], logits[:, P - 1:-1], (v[:, P - 1:-1] if values else None)
+def policy_logps(model, ids, offsets, full_mask, P, temperature, values=False, G=1):
+    """Trainer-side log-probs of the response tokens (N, L), the logits that score them (N, L, V), and
+    with values=True the value head at the same positions (N, L): V_t, the state before token t.
+    G > 1: rows come in groups of G sharing a prompt (a rollout), and each prompt runs once."""
+    out = response_forward(model, ids, offsets, P, G, return_scalar=values)
+    logits, v = out if values else (out, None)
+    return L.token_logps(logits, ids[:, P:], full_mask[:, P:], temperature), logits, v
 
 
 def collect(model, tok, train, prompts, cfg, gen, reverse, dyn, rm=None, verifier=None):
@@ -324,42 +328,71 @@ def collect(model, tok, train, prompts, cfg, gen, reverse, dyn, rm=None, verifie
     return (cat_rollouts(parts) if parts else None), stats
 
 
+@torch.no_grad()
+def frozen_logps(model, ids, offsets, full_mask, P, temperature, G, rows, values=False):
+    """policy_logps without gradient in chunks of `rows` rows (whole groups of G), concatenated:
+    the same numbers in a fraction of the memory -> (logp (N, L), values (N, L) or None)."""
+    parts = [policy_logps(model, ids[i:i + rows], offsets[i:i + rows], full_mask[i:i + rows], P, temperature, values, G)
+             for i in range(0, ids.size(0), rows)]
+    return torch.cat([p[0] for p in parts]), (torch.cat([p[2] for p in parts]) if values else None)
+
+
 def update(model, ref, opt, batch, cfg, hp, gen, lr):
     """ppo_epochs x minibatches optimizer steps on one rollout batch; each optimizer step normalises
-    by the token/sequence counts of its own minibatch. Raises FloatingPointError on a NaN/inf.
+    by the token/sequence counts of its own minibatch, also when its gradient is accumulated over
+    micro-batches of micro_batch_size rows. Rows come in groups of G sharing a prompt, and every
+    forward runs each prompt once (model.response_forward). Raises FloatingPointError on a NaN/inf.
     Under DDP (model wrapped, this rank's groups in batch) the counts are summed over ranks and the
-    loss is multiplied by world_size, so DDP's gradient average equals one process on all the groups."""
+    loss is multiplied by world_size, so DDP's gradient average equals one process on all the groups;
+    there each row runs whole (one DDP forward per backward)."""
     raw, world = unwrap(model), (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1)
     ids, offsets, full_mask, P = batch["ids"], batch["offsets"], batch["response_mask"], batch["prompt_len"]
     mask = full_mask[:, P:].float()  # (N, L) response tokens incl. EOS
     old_logp = batch["logps"]  # (N, L) sampler log-probs = old policy, nothing recomputed
+    G = cfg.group_size
+    rows = max(G, cfg.micro_batch_size // G * G)  # micro-batches of whole groups
     ref_logp = None
     if hp.get("beta"):  # the reference runs only when the loss has a KL term (SPEC §9.7)
-        with torch.no_grad():
-            ref_logp = policy_logps(ref, ids, offsets, full_mask, P, cfg.temperature)[0]
+        ref_logp = frozen_logps(ref, ids, offsets, full_mask, P, cfg.temperature, G, rows)[0]
     ppo = cfg.loss == "ppo"
     if ppo:  # the rollout's values V_old, from the same forward pass shape as the update's
-        with torch.no_grad():
-            batch["values"] = torch.where(mask.bool(), policy_logps(raw, ids, offsets, full_mask, P, cfg.temperature, True)[2], 0.0)
+        batch["values"] = torch.where(mask.bool(), frozen_logps(raw, ids, offsets, full_mask, P, cfg.temperature, G, rows, True)[1], 0.0)
     adv, extra = advantages(cfg, batch, hp, ref_logp)
     N, stats = ids.size(0), {}
+
+    def loss_of(r, lp, values, entropy, n_tokens, n_seqs):
+        kw = {k: (v[r] if torch.is_tensor(v) else v) for k, v in extra.items()}
+        if ppo:
+            kw["values"] = values
+            if hp["ent_coef"]:
+                kw["entropy"] = entropy
+        return L.LOSSES[cfg.loss](lp, old_logp[r], adv[r], mask[r], ref_logp[r] if ref_logp is not None else None,
+                                  n_tokens=n_tokens, n_seqs=n_seqs, **hp, **kw)
+
     for epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(N, generator=gen, device=gen.device) if cfg.minibatches > 1 else torch.arange(N)
         for mb in perm.chunk(cfg.minibatches):
-            lp, logits, values = policy_logps(model, ids[mb], offsets[mb], full_mask[mb], P, cfg.temperature, ppo)
-            if not stats:  # first update of a fresh rollout: the ratio must be exactly 1 (SPEC §9.2)
-                stats["rl/logp_mismatch"] = (lp.detach() - old_logp[mb]).abs().max().item()  # both 0 off the mask
+            g = G if cfg.minibatches == 1 and world == 1 else 1  # a shuffled minibatch holds no whole groups
+            n_tokens, n_seqs = all_reduce([mask[mb].sum().item(), float(len(mb))]).tolist()  # every rank's counts
+            n_tokens, first, kept, total = max(n_tokens, 1.0), not stats, [], 0.0
+            opt.zero_grad(set_to_none=True)
+            for ub in mb.split(rows):  # gradient accumulation; the loss divides by the minibatch's counts
+                lp, logits, values = policy_logps(model, ids[ub], offsets[ub], full_mask[ub], P, cfg.temperature, ppo, g)
+                with torch.set_grad_enabled(bool(ppo and hp["ent_coef"])):  # a gradient only for PPO's entropy bonus
+                    ent = L.token_entropy(logits, cfg.temperature) if first or (ppo and hp["ent_coef"]) else None
+                loss, st = loss_of(ub, lp, values, ent, n_tokens, n_seqs)
+                (loss * world).backward()
+                total += loss.detach()
+                kept.append([t.detach() if t is not None else None for t in (lp, values, ent)])
+            lp, values, ent = (torch.cat(ts) if ts[0] is not None else None for ts in zip(*kept))
+            if first:  # first update of a fresh rollout: the ratio must be exactly 1 (SPEC §9.2)
+                stats["rl/logp_mismatch"] = (lp - old_logp[mb]).abs().max().item()  # both 0 off the mask
+                stats["rl/entropy"] = L.masked_mean(ent, mask[mb]).item()
+            if len(kept) > 1:  # the minibatch's diagnostics, as if it had run in one piece
                 with torch.no_grad():
-                    stats["rl/entropy"] = L.masked_mean(L.token_entropy(logits, cfg.temperature), mask[mb]).item()
-            kw = {k: (v[mb] if torch.is_tensor(v) else v) for k, v in extra.items()}
-            if ppo:
-                kw["values"] = values
-                if hp["ent_coef"]:
-                    kw["entropy"] = L.token_entropy(logits, cfg.temperature)
-            n_tokens, n_seqs = all_reduce([mask[mb].sum().item(), float(len(mb))]).tolist()  # global normalisers
-            loss, st = L.LOSSES[cfg.loss](lp, old_logp[mb], adv[mb], mask[mb], ref_logp[mb] if ref_logp is not None else None,
-                                          n_tokens=max(n_tokens, 1.0), n_seqs=n_seqs, **hp, **kw)
-            gnorm = optimizer_step(raw, opt, loss * world, lr, cfg.grad_clip)
+                    st = loss_of(mb, lp, values, ent, n_tokens, n_seqs)[1]
+            gnorm = optimizer_step(raw, opt, total, lr, cfg.grad_clip, backward=False)
+            loss = total
     stats.update({f"rl/{k}": float(v) for k, v in st.items()})
     if ref_logp is not None:
         stats["rl/kl"] = L.masked_mean(L.kl_estimate(old_logp, ref_logp, "k3"), mask).item()
@@ -479,6 +512,7 @@ def main(cfg):
     vname = ckpt["config"].get("verifier", "exact")  # the task's reward (sft.py --verifier)
     task_verifier = verifier_of(vname)
     verifier = None if vname == "exact" else task_verifier  # rollouts: None = exact_answer
+    del ckpt  # its weights and SFT optimizer state (~10 MB at the default size) are not needed again
     knobs = ("beta", "eps_low", "eps_high", "kl_estimator", "clip_c", "vf_coef", "vf_clip", "ent_coef", "kl_target", "vf_lr_mult",
              "gamma", "lam", "label_smoothing", "rpo_alpha", "lambda_d", "lambda_u")
     try:
@@ -498,8 +532,7 @@ def main(cfg):
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
     root = ensure_data(task)
-    alphabet = ALPHABET if task in TASKS else None  # your own task's characters are checked by the tokenizer
-    train, val, test = (load_problems(root / f"{s}.txt", alphabet) for s in ("train", "val", "test"))
+    train, val, test = (load_split(task, s) for s in ("train", "val", "test"))  # a text task's prompts in words
     if max(len(p) for p in encode_prompts(tok, [p for p, _ in train], reverse)) + cfg.max_new_tokens > model.config.block_size:
         raise UserError(f"max_new_tokens={cfg.max_new_tokens} does not fit block_size={model.config.block_size}")
 
@@ -694,14 +727,20 @@ def eval_kl(model, ref, tok, problems, reverse, cfg, gen, n=256):
     logged at every eval for every loss, also when beta is 0; and, on the same samples, the mean
     response length (tokens incl. EOS) and the fraction truncated at max_new_tokens (no EOS)."""
     idx = torch.randperm(len(problems), generator=gen, device=gen.device)[:n].tolist()
-    out = generate(model, encode_prompts(tok, [problems[i][0] for i in idx], reverse), cfg.max_new_tokens, tok.eos_id, tok.pad_id,
-                   G=4, temperature=cfg.temperature, generator=gen)
-    P, mask = out["prompt_len"], out["response_mask"][:, out["prompt_len"]:].float()
-    ref_lp = policy_logps(ref, out["ids"], out["offsets"], out["response_mask"], P, cfg.temperature)[0]
-    length = mask.sum(1)  # (N,)
-    last = out["ids"][:, P:].gather(1, (length.long() - 1).clamp_min(0)[:, None]).squeeze(1)  # (N,) last sampled token
-    return {"eval/kl": L.masked_mean(L.kl_estimate(out["logps"], ref_lp, "k3"), mask).item(),
-            "eval/resp_len": length.mean().item(), "eval/truncated_frac": ((last != tok.eos_id) | (length == 0)).float().mean().item()}
+    prompts, k = encode_prompts(tok, [problems[i][0] for i in idx], reverse), max(1, cfg.micro_batch_size // 4)
+    kl, count, lengths, truncated = 0.0, 0, [], []
+    for i in range(0, len(prompts), k):  # k prompts x 4 samples at a time: memory
+        out = generate(model, prompts[i:i + k], cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=4,
+                       temperature=cfg.temperature, generator=gen)
+        P, mask = out["prompt_len"], out["response_mask"][:, out["prompt_len"]:]
+        ref_lp = policy_logps(ref, out["ids"], out["offsets"], out["response_mask"], P, cfg.temperature, G=4)[0]
+        kl, count = kl + L.masked_sum(L.kl_estimate(out["logps"], ref_lp, "k3"), mask).item(), count + int(mask.sum())
+        length = mask.sum(1)  # (n,)
+        last = out["ids"][:, P:].gather(1, (length - 1).clamp_min(0)[:, None]).squeeze(1)  # (n,) last sampled token
+        lengths.append(length.float())
+        truncated.append(((last != tok.eos_id) | (length == 0)).float())
+    return {"eval/kl": kl / max(1, count), "eval/resp_len": torch.cat(lengths).mean().item(),
+            "eval/truncated_frac": torch.cat(truncated).mean().item()}
 
 
 def unwrap(model):
@@ -710,17 +749,19 @@ def unwrap(model):
     return getattr(model, "_orig_mod", model)
 
 
-def optimizer_step(model, opt, loss, lr, grad_clip):
-    """Backward, refuse a NaN/inf (FloatingPointError naming the tensor), clip, step at lr (times a
-    param group's lr_scale, the PPO value head's). Returns the gradient norm before clipping."""
+def optimizer_step(model, opt, loss, lr, grad_clip, backward=True):
+    """Backward (backward=False: the caller accumulated the gradients, loss is their total), refuse a
+    NaN/inf (FloatingPointError naming the tensor), clip, step at lr (times a param group's lr_scale,
+    the PPO value head's). Returns the gradient norm before clipping."""
     for g in opt.param_groups:
         g["lr"] = lr * g.get("lr_scale", 1.0)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    bad = nonfinite(loss, model)
-    if bad:
-        raise FloatingPointError(bad)
-    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    if backward:
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+    gnorm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    if not (torch.isfinite(loss) and torch.isfinite(gnorm)):  # a finite norm means every gradient is finite
+        raise FloatingPointError(nonfinite(loss, model))
+    torch.nn.utils.clip_grads_with_norm_(model.parameters(), grad_clip, gnorm)
     opt.step()
     return gnorm
 

@@ -4,12 +4,17 @@ Supervised fine-tuning (here: training from scratch) of the GPT on an arithmetic
     python sft.py configs/mul.py                 # ~4 min on a 2-core CPU -> out/sft-mul/ckpt.pt
     python sft.py configs/mul.py --lr=3e-4 --max_iters=500 --out_dir=out/try
     python sft.py --task=path/to/folder --reverse=false --verifier=text   # your own task (README)
+    python sft.py configs/gpt2_mul.py            # GPT-2-small shape, tiktoken gpt2 BPE, the task in words
+    python sft.py configs/gpt2_mul.py --init_from=gpt2   # from OpenAI's weights (needs transformers)
 
 Loss on the response tokens (answer + EOS) by default, `--loss_on=all` for every token. AdamW with
 linear warmup and cosine decay. Evaluates at step 0, every `eval_interval` and at the end: greedy
 exact-match accuracy on val (`val/accuracy`, used for `best.pt` and `target_val_accuracy`) and on
 test (`eval/accuracy`, `eval/n`, sampled `eval/pass@1`, `eval/pass@8`). Writes out_dir/ckpt.pt,
 out_dir/best.pt and out_dir/metrics.jsonl; `--resume=true` continues from out_dir/ckpt.pt.
+`--micro_batch_size` splits each batch into micro-batches whose gradients accumulate to the full
+batch's (same global batch, less memory); `--tokenizer=gpt2` uses tiktoken's GPT-2 BPE;
+`--init_from` loads Hugging Face GPT-2 weights (hub name or save_pretrained folder) into model.py.
 """
 import math
 import os
@@ -23,9 +28,9 @@ import torch.nn.functional as F
 from common import (Logger, StopFlag, UserError, all_reduce, bf16_default, encode_prompts, evaluate, fmt_time, gather_objects,
                     init_distributed, nonfinite, peak_flops, print_config, resolve_device, run_cli, truncate_metrics,
                     verifier_of)
-from data.tasks import ALPHABET, TASKS, ensure_data, format_answer, load_problems, task_alphabet
-from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
-from tokenizer import CharTokenizer
+from data.tasks import TASKS, format_answer, load_split, task_alphabet
+from model import GPT, GPTConfig, from_pretrained, load_checkpoint, save_checkpoint
+from tokenizer import get_tokenizer
 
 
 @dataclass
@@ -33,6 +38,7 @@ class Config:
     task: str = "mul"  # a name in data.tasks.TASKS, or a folder with train.txt, val.txt, test.txt (prompt=answer lines)
     verifier: str = "exact"  # a name in verify.VERIFIERS: the task's reward for every eval and for rl.py
     reverse: bool = True  # numbers least-significant digit first: 23*47=1081 is read as 32*74=1801
+    tokenizer: str = "char"  # "char" (the task alphabet) or a tiktoken encoding, e.g. "gpt2"
     out_dir: str = "out/sft-mul"
     seed: int = 1337
     # model
@@ -41,8 +47,10 @@ class Config:
     n_embd: int = 128
     block_size: int = 32
     dropout: float = 0.0
+    init_from: str = "scratch"  # or Hugging Face GPT-2 weights: "gpt2", "gpt2-medium", ... or a save_pretrained folder
     # optimisation
-    batch_size: int = 256
+    batch_size: int = 256  # rows per optimizer step (the global batch)
+    micro_batch_size: int = 0  # rows per forward/backward, gradients accumulated over the batch; 0 = batch_size
     lr: float = 1e-3
     min_lr: float = 1e-4  # end of the cosine decay
     warmup_iters: int = 100
@@ -81,6 +89,24 @@ def lr_at(it, cfg):
     return cfg.min_lr + 0.5 * (1 + math.cos(math.pi * frac)) * (cfg.lr - cfg.min_lr)
 
 
+def accumulate_grads(model, x, y, mask, micro_batch_size, bf16=False, n_tok=None):
+    """Forward and backward over micro-batches of at most micro_batch_size rows of x, y, mask (N, T).
+    Each micro-batch's summed token loss is divided by the target-token count of the whole batch
+    (n_tok; default this batch's: under DDP the caller passes every rank's count / world_size), so the
+    accumulated gradients equal the full batch's (SPEC §9.4). Returns that batch's mean token loss
+    (detached); the caller zeroes the gradients before and steps after."""
+    n_tok, total = (mask.sum() if n_tok is None else n_tok), torch.zeros((), device=x.device)
+    for i in range(0, len(x), micro_batch_size):
+        rows = slice(i, i + micro_batch_size)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(x[rows])  # (b, T, V)
+        nll = F.cross_entropy(logits.flatten(0, 1).float(), y[rows].flatten(), reduction="none")  # (b*T,)
+        loss = (nll * mask[rows].flatten()).sum() / n_tok
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
 def encode_split(tok, problems, reverse, block_size, loss_on):
     """Tokenise [(prompt, answer)] -> x, y (N, T) and the loss mask on the targets (N, T)."""
     prompts = encode_prompts(tok, [p for p, _ in problems], reverse)
@@ -111,13 +137,15 @@ def check_config(cfg):
     for k in positive:
         if getattr(cfg, k) <= 0:
             raise UserError(f"{k} must be > 0, got {getattr(cfg, k)}")
-    for k in ("min_lr", "warmup_iters", "max_iters", "weight_decay", "grad_clip", "eval_samples", "dropout"):
+    for k in ("min_lr", "warmup_iters", "max_iters", "weight_decay", "grad_clip", "eval_samples", "dropout", "micro_batch_size"):
         if getattr(cfg, k) < 0:
             raise UserError(f"{k} must be >= 0, got {getattr(cfg, k)}")
     if not 0 <= cfg.dropout < 1 or not 0 <= cfg.beta1 < 1 or not 0 <= cfg.beta2 < 1:
         raise UserError("dropout, beta1 and beta2 must be in [0, 1)")
     if cfg.n_embd % cfg.n_head:
         raise UserError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
+    if TASKS.get(cfg.task, {}).get("text") and cfg.tokenizer == "char":
+        raise UserError(f"task {cfg.task!r} is asked in words: it needs a BPE tokenizer (--tokenizer=gpt2)")
 
 
 def main(cfg):
@@ -133,16 +161,22 @@ def main(cfg):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     torch.manual_seed(cfg.seed)
-    root = ensure_data(cfg.task)  # a built-in task's files are generated; your own folder is read as is
-    alphabet = ALPHABET if cfg.task in TASKS else None  # your own task may use any characters
-    train, val, test = (load_problems(root / f"{s}.txt", alphabet) for s in ("train", "val", "test"))
-    tok = CharTokenizer(task_alphabet(cfg.task, train + val + test))
+    # a built-in task's files are generated on first use; your own task's folder is read as is (any characters)
+    train, val, test = (load_split(cfg.task, s) for s in ("train", "val", "test"))
+    tok = get_tokenizer(cfg.tokenizer, task_alphabet(cfg.task, train + val + test))
     x, y, lmask = (t.to(dev) for t in encode_split(tok, train, cfg.reverse, cfg.block_size, cfg.loss_on))
     if master:
         print(f"{cfg.task}: {len(train)} train / {len(val)} val / {len(test)} test problems", flush=True)
 
-    model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=tok.vocab_size, n_layer=cfg.n_layer,
-                          n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout)).to(dev)
+    if cfg.init_from == "scratch":
+        model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=tok.vocab_size, n_layer=cfg.n_layer,
+                              n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout))
+    else:  # Hugging Face GPT-2 weights: n_layer, n_head and n_embd are theirs
+        model = from_pretrained(cfg.init_from, cfg.block_size, cfg.dropout)
+        if model.config.vocab_size != tok.vocab_size:
+            raise UserError(f"init_from={cfg.init_from!r} has {model.config.vocab_size} tokens, the tokenizer "
+                            f"{cfg.tokenizer!r} {tok.vocab_size}: use the model's own (--tokenizer=gpt2)")
+    model.to(dev)
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (cfg.beta1, cfg.beta2))
     fwd = torch.compile(model) if cfg.compile else model
     ddp = torch.nn.parallel.DistributedDataParallel(fwd) if world > 1 else fwd  # all-reduces gradients in backward
@@ -236,13 +270,9 @@ def main(cfg):
                 g["lr"] = lr
             t_step = time.time()
             idx = torch.randint(len(x), (cfg.batch_size // world,), generator=gen).to(dev)
-            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=use_bf16):
-                logits = ddp(x[idx])
-            nll = F.cross_entropy(logits.flatten(0, 1).float(), y[idx].flatten(), reduction="none")
-            n_targets = all_reduce(lmask[idx].sum()).item()  # over every rank's rows: DDP's average x world = the sum
-            loss = (nll * lmask[idx].flatten()).sum() / n_targets * world  # mean over target tokens
+            n_targets = all_reduce(lmask[idx].sum()).item() / world  # every rank's: DDP averages, so / world
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss = accumulate_grads(ddp, x[idx], y[idx], lmask[idx], cfg.micro_batch_size or cfg.batch_size, use_bf16, n_targets)
             bad = nonfinite(loss, model)
             if bad:  # nothing is stepped or saved: the last checkpoint stays the last good one
                 raise UserError(f"step {step + 1}: non-finite {bad}; stopped, last good checkpoint kept at {ckpt_path}")
@@ -254,12 +284,12 @@ def main(cfg):
                 dt = time.time() - t0
                 eta = dt / (step - (resumed_at or 0)) * (cfg.max_iters - step)  # mean step time so far, evals included
                 tok_s = tokens_per_step * train_steps / train_s  # this rank's training tokens/s since the last log
-                logger.log({"step": step, "train/loss": all_reduce(loss.item()).item() / world, "train/lr": lr,
-                            "train/grad_norm": gnorm.item(), "perf/elapsed_s": dt, "perf/tok_s": tok_s * world,
-                            "perf/mfu": tok_s * model.flops_per_token() / peak})
+                loss = all_reduce(loss.item()).item() / world  # the mean over every rank's target tokens
+                logger.log({"step": step, "train/loss": loss, "train/lr": lr, "train/grad_norm": gnorm.item(),
+                            "perf/elapsed_s": dt, "perf/tok_s": tok_s * world, "perf/mfu": tok_s * model.flops_per_token() / peak})
                 train_s, train_steps = 0.0, 0
                 if master:
-                    print(f"step {step:5d}/{cfg.max_iters} | loss {loss.item():.4f} | lr {lr:.2e} | {fmt_time(dt)}, "
+                    print(f"step {step:5d}/{cfg.max_iters} | loss {loss:.4f} | lr {lr:.2e} | {fmt_time(dt)}, "
                           f"ETA {fmt_time(eta)}", flush=True)
     finally:
         stop.restore()

@@ -10,7 +10,9 @@ checkpoint alone is enough to sample.
 
     tok = CharTokenizer("0123456789*+=")
     tok.encode("23*47=")  # -> [4, 5, 12, 6, 9, 14]
+    tok = get_tokenizer("gpt2", chars)  # tiktoken's GPT-2 BPE (its files are fetched once, then cached)
 """
+import re
 
 
 class TokenizerError(ValueError):
@@ -80,14 +82,27 @@ class BPETokenizer:
             return d
 
 
+def get_tokenizer(name, chars):
+    """"char": one id per character of `chars`; any other name is a tiktoken encoding ("gpt2")."""
+    return CharTokenizer(chars) if name == "char" else get_bpe(name)
+
+
 def get_bpe(name):
-    """A registered tiktoken encoding, with a clear error when its files cannot be fetched."""
+    """A registered tiktoken encoding; when its BPE files cannot be fetched, one line naming the file."""
     import tiktoken
     try:
         return BPETokenizer(tiktoken.get_encoding(name))
     except Exception as e:
-        raise TokenizerError(f"could not load the tiktoken encoding {name!r} (its BPE files must be "
-                             f"downloadable or cached in TIKTOKEN_CACHE_DIR): {e.__class__.__name__}: {e}") from None
+        text = " ".join(str(e).split())
+        # tiktoken's and requests' messages name the file: "... for url: https://...", or "host='H' ... url: /path"
+        m = re.search(r"https?://[^\s'\"()]+", text)
+        url = m.group() if m else None
+        if url is None and (m := re.search(r"host='([^']+)'.*?url: (/[^\s'\"()]+)", text)):
+            url = f"https://{m.group(1)}{m.group(2)}"
+        if url:
+            raise TokenizerError(f"could not fetch {url}, a BPE file of the tiktoken encoding {name!r} (no network? "
+                                 f"put tiktoken's cached copy in TIKTOKEN_CACHE_DIR): {e.__class__.__name__}") from None
+        raise TokenizerError(f"could not load the tiktoken encoding {name!r}: {e.__class__.__name__}: {text[:200]}") from None
 
 
 def from_dict(d):

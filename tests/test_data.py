@@ -4,8 +4,8 @@ import random
 
 import pytest
 
-from data.tasks import (ALPHABET, WRONG_KINDS, DataError, compute, ensure_data, format_answer, load_problems,
-                        parse_answer, problems_of, split_pairs, wrong_answer)
+from data.tasks import (ALPHABET, WRONG_KINDS, DataError, compute, ensure_data, format_answer, load_problems, load_split,
+                        parse_answer, problems_of, split_pairs, text_prompt, wrong_answer)
 
 
 @pytest.mark.parametrize("task", ["mul", "add"])
@@ -68,3 +68,17 @@ def test_problem_files_bad_lines(tmp_path):
     with pytest.raises(DataError, match="no problems"):
         load_problems(f)
     assert set(ALPHABET) >= set("0123456789*+=")
+
+
+@pytest.mark.parametrize("prompt,text", [("23*47=", "What is 23 times 47?"), ("7*46=", "What is 7 times 46?"),
+                                         ("123+456=", "What is 123 plus 456?")])
+def test_text_prompts(prompt, text):
+    assert text_prompt(prompt) == text
+
+
+def test_text_task_has_mul_problems_in_words():
+    words, symbols = load_split("mul_text", "test"), load_split("mul", "test")
+    assert [(text_prompt(p), a) for p, a in symbols] == words  # same problems, same split, same order
+    assert any(("What is 23 times 47?", "1081") in load_split("mul_text", s) for s in ("train", "val", "test"))
+    with pytest.raises(DataError, match="cannot word the prompt"):
+        text_prompt("23x47=")

@@ -179,3 +179,31 @@ def test_bad_checkpoints_fail_clearly(tmp_path):
     ck["tokenizer"] = {"kind": "char", "chars": "0123"}
     with pytest.raises(CheckpointError, match="tokenizer has 6 tokens but the model 16"):
         model_from_checkpoint(ck)
+
+
+@pytest.mark.parametrize("scalar", [False, True])
+def test_grouped_forward_equals_the_full_forward(scalar):
+    """response_forward with G: each prompt runs once and its keys/values serve its G rows (as in
+    sampling). Same logits, value-head outputs and gradients as the full forward, and the same
+    log-probs as the sampler."""
+    from model import response_forward
+    model = tiny(scalar_head=scalar)
+    out = generate(model, prompts_of([3, 6, 4]), 8, EOS, PAD, G=4, generator=torch.Generator().manual_seed(1))
+    ids, off, P = out["ids"], out["offsets"], out["prompt_len"]
+    res = {}
+    for G in (1, 4):
+        model.zero_grad(set_to_none=True)
+        o = response_forward(model, ids, off, P, G, return_scalar=scalar)
+        o = o if scalar else (o,)
+        sum((t.float() ** 2).sum() for t in o).backward()
+        res[G] = o, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    assert res[1][0][0].shape == (12, ids.size(1) - P, 16)
+    for a, b in zip(res[1][0], res[4][0]):
+        assert torch.allclose(a, b, atol=1e-6)
+    for a, b in zip(res[1][1], res[4][1]):  # float sums in another order: relative to the gradient's size
+        assert (a - b).abs().max() <= 1e-5 * a.abs().max()
+    logp, mask = response_logps(torch.cat([res[4][0][0], res[4][0][0][:, :1]], 1), ids[:, P - 1:], out["response_mask"][:, P - 1:])
+    assert (logp - out["logps"]).abs().max() <= 1e-6
+    with pytest.raises(ValueError, match="groups of G=4"):
+        mixed = torch.arange(12).view(3, 4).t().flatten()  # rows 0, 4, 8, 1, ...: no group shares a prompt
+        response_forward(model, ids[mixed], off[mixed], P, 4)

@@ -199,3 +199,52 @@ def test_a_wandb_failure_never_stops_training(sft_ckpt, tmp_path, monkeypatch, c
     res, rows = run(sft_ckpt, tmp_path, loss="sft", pairs_per_step=4, max_iters=1, eval_interval=1, wandb=True)
     assert "warning: wandb disabled (RuntimeError: no network)" in capsys.readouterr().out
     assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 1]
+
+
+@pytest.mark.parametrize("loss", ["grpo", "dapo", "ppo"])
+def test_micro_batches_give_the_same_step(loss, varied_reward):
+    """micro_batch_size changes memory, not the step: accumulated over micro-batches of one group,
+    of uneven sizes, or in one piece, the gradients and the logged diagnostics agree, because every
+    normaliser counts the whole minibatch (SPEC §9.4)."""
+    import copy
+    from dataclasses import replace
+    from data.tasks import ALPHABET, load_split
+    from model import GPT, GPTConfig
+    from tokenizer import CharTokenizer
+    torch.manual_seed(0)
+    tok = CharTokenizer(ALPHABET)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=32, scalar_head=loss == "ppo")).eval()
+    cfg = rl.Config(loss=loss, prompts_per_step=6, group_size=4, prompt_selection=False)
+    train = load_split("mul", "train")
+    batch, _ = rl.collect(model, tok, train, rl.PromptSampler(len(train), torch.Generator().manual_seed(0), False),
+                          cfg, torch.Generator().manual_seed(0), True, dyn=False)
+    P, N = batch["prompt_len"], batch["ids"].size(0)
+    for i in range(N):  # responses of 1..L tokens (the sampler's log-probs are 0 past the end)
+        n = 1 + i * 7 % (batch["ids"].size(1) - P)
+        batch["response_mask"][i, P + n:] = 0
+        batch["logps"][i, n:] = 0
+    batch["reward"] = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0] * 4)  # every group of 4 has signal
+    res = {}
+    for micro in (24, 4, 16):  # one piece; one group each; 16 + 8 rows
+        m = copy.deepcopy(model)
+        opt = m.configure_optimizer(1e-3, 0.0, (0.9, 0.99))
+        stats = rl.update(m, copy.deepcopy(model).requires_grad_(False), opt, dict(batch), replace(cfg, micro_batch_size=micro),
+                          L.resolve_hparams(loss), torch.Generator().manual_seed(1), lr=1e-3)
+        res[micro] = stats, [p.grad for p in m.parameters()]
+    assert res[24][0]["rl/grad_norm"] > 0
+    for micro in (4, 16):
+        for k, v in res[24][0].items():
+            assert v == pytest.approx(res[micro][0][k], rel=1e-5, abs=1e-6), (micro, k)
+        for a, b in zip(res[24][1], res[micro][1]):
+            assert torch.allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_rl_on_the_text_task_with_a_bpe_tokenizer(tmp_path, monkeypatch, varied_reward):
+    """An SFT checkpoint of the text task with a BPE tokenizer: rl.py reads its prompts in words."""
+    from test_sft import BPE, toy_bpe
+    sft.main(sft.Config(tokenizer=toy_bpe(monkeypatch), out_dir=str(tmp_path / "sft"), **BPE))
+    _, rows = run(str(tmp_path / "sft" / "ckpt.pt"), tmp_path / "rl", max_iters=1, eval_interval=1, eval_samples=0,
+                  dynamic_sampling=False, max_new_tokens=6)
+    evals = [r for r in rows if "eval/accuracy" in r]
+    assert [r["step"] for r in evals] == [0, 1] and evals[0]["eval/examples"][0]["prompt"].startswith("What is ")
+    assert [r for r in rows if "rl/logp_mismatch" in r][0]["rl/logp_mismatch"] <= 1e-5

@@ -109,3 +109,80 @@ def test_prompts_file_names_the_over_long_line(sft_run, tmp_path):
     f.write_text("12*34=\n\n" + "1" * 30 + "*2=\n")
     r = cli("sample.py", f"--ckpt={sft_run}/ckpt.pt", f"--prompts_file={f}")
     assert r.returncode == 2 and f"{f}:3: a prompt of 33 tokens" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_micro_batches_accumulate_the_full_batch_gradient():
+    """Gradient accumulation over uneven micro-batches (3+3+3+1 rows) equals one full-batch step,
+    with rows of different target counts (a per-micro-batch mean would weight them wrongly)."""
+    from model import GPT, GPTConfig
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=8, vocab_size=16, n_layer=2, n_head=2, n_embd=32))
+    x, y = torch.randint(0, 16, (10, 7)), torch.randint(0, 16, (10, 7))
+    mask = (torch.arange(7) >= torch.randint(0, 7, (10, 1))).float()  # (10, 7) 1..7 targets per row
+    grads = {}
+    for mb in (10, 3, 1):
+        model.zero_grad(set_to_none=True)
+        loss = sft.accumulate_grads(model, x, y, mask, mb)
+        grads[mb] = (loss, [p.grad.clone() for p in model.parameters()])
+    full = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="none")
+    assert torch.allclose(grads[10][0], (full * mask.flatten()).sum() / mask.sum())  # mean over target tokens
+    for mb in (3, 1):
+        assert torch.allclose(grads[mb][0], grads[10][0], atol=1e-6)
+        for a, b in zip(grads[mb][1], grads[10][1]):
+            assert torch.allclose(a, b, atol=1e-6)
+
+
+def toy_bpe(monkeypatch):
+    """The test's tiny tiktoken Encoding, registered under the name "toy" for this test only."""
+    import tiktoken
+    from test_tokenizer import toy_encoding
+    monkeypatch.setitem(tiktoken.registry.ENCODINGS, "toy", toy_encoding())
+    return "toy"
+
+
+BPE = dict(task="mul_text", reverse=False, block_size=32, max_new_tokens=6, batch_size=8, micro_batch_size=3,
+           max_iters=2, eval_interval=2, eval_samples=0, n_layer=1, n_head=2, n_embd=32, threads=1)
+
+
+def test_text_task_with_a_bpe_tokenizer_runs_two_steps(tmp_path, monkeypatch):
+    sft.main(sft.Config(tokenizer=toy_bpe(monkeypatch), out_dir=str(tmp_path), **BPE))
+    ckpt = load_checkpoint(str(tmp_path / "ckpt.pt"))
+    assert ckpt["step"] == 2 and ckpt["tokenizer"]["kind"] == "bpe" and ckpt["model_args"]["vocab_size"] == 260
+    evals = [r for r in rows(tmp_path / "metrics.jsonl") if "eval/accuracy" in r]
+    assert [r["step"] for r in evals] == [0, 2] and evals[0]["eval/n"] == 810
+    assert evals[0]["eval/examples"][0]["prompt"].startswith("What is ")
+    from tokenizer import from_dict
+    tok = from_dict(ckpt["tokenizer"])
+    x, y, m = sft.encode_split(tok, [("What is 23 times 47?", "1081")], False, 32, "response")
+    assert tok.decode(y[0][m[0].bool()].tolist()) == "1081" and y[0][m[0].bool()][-1] == tok.eos_id
+
+
+def test_sft_from_hf_gpt2_weights(tmp_path, monkeypatch):
+    """--init_from=<save_pretrained folder>: the run starts from exactly those weights."""
+    import transformers
+    from test_hf import tiny_hf
+    hf = tiny_hf(tmp_path / "hf", n_layer=1, vocab_size=260, n_positions=32, bos_token_id=259, eos_token_id=259)
+    cfg = sft.Config(tokenizer=toy_bpe(monkeypatch), init_from=str(tmp_path / "hf"), out_dir=str(tmp_path / "out"),
+                     **{**BPE, "max_iters": 0, "n_layer": 4})  # n_layer etc. come from the HF model
+    model = sft.main(cfg)
+    assert model.config.n_layer == 1 and model.config.vocab_size == 260
+    idx = torch.randint(0, 260, (2, 12))
+    with torch.no_grad():
+        assert (model.eval()(idx) - hf(idx).logits).abs().max() <= 1e-5
+    with pytest.raises(sft.UserError, match="260 tokens, the tokenizer 'char' 16"):
+        sft.main(sft.Config(**{**BPE, "task": "mul", "tokenizer": "char", "init_from": str(tmp_path / "hf")},
+                            out_dir=str(tmp_path / "o2")))
+    assert transformers  # a real dependency of this test (requirements-test.txt), never skipped
+
+
+def test_gpt2_config_offline_fails_in_one_line_naming_the_file(tmp_path):
+    """`python sft.py configs/gpt2_mul.py --max_iters=2` without the network (a proxy that refuses
+    connections) and without cached BPE files: exit 2 and one line naming what it could not fetch."""
+    env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path), "HTTPS_PROXY": "http://127.0.0.1:9",
+           "https_proxy": "http://127.0.0.1:9", "NO_PROXY": "", "no_proxy": ""}
+    r = subprocess.run([sys.executable, "sft.py", "configs/gpt2_mul.py", "--max_iters=2", f"--out_dir={tmp_path}/o"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and "Traceback" not in r.stderr
+    assert err[0].startswith("error: could not fetch https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/")

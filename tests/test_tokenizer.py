@@ -1,8 +1,10 @@
 """Char and BPE tokenizers: round trips, unknown characters, serialisation (tiktoken offline)."""
+import socket
+
 import pytest
 import tiktoken
 
-from tokenizer import BPETokenizer, CharTokenizer, TokenizerError, from_dict
+from tokenizer import BPETokenizer, CharTokenizer, TokenizerError, from_dict, get_bpe, get_tokenizer
 
 
 @pytest.mark.parametrize("text", ["23*47=1081", "999+1=1000", "", "0-0="])
@@ -49,3 +51,22 @@ def test_bpe_round_trip_and_serialisation():
 def test_unknown_tokenizer_kind():
     with pytest.raises(TokenizerError, match="unknown tokenizer kind"):
         from_dict({"kind": "sentencepiece"})
+
+
+def test_offline_gpt2_encoding_names_the_file_it_could_not_fetch(monkeypatch, tmp_path):
+    """No network (name resolution fails inside requests) and an empty cache: one line with the URL."""
+    def no_dns(*a, **k):
+        raise socket.gaierror(-2, "Name or service not known")
+    monkeypatch.setattr(socket, "getaddrinfo", no_dns)
+    for var in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
+    monkeypatch.delitem(tiktoken.registry.ENCODINGS, "gpt2", raising=False)
+    with pytest.raises(TokenizerError) as e:
+        get_tokenizer("gpt2", "0123456789")
+    msg = str(e.value)
+    assert msg.startswith("could not fetch https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/")
+    assert "'gpt2'" in msg and "TIKTOKEN_CACHE_DIR" in msg and "\n" not in msg
+    with pytest.raises(TokenizerError, match="could not load the tiktoken encoding 'no-such-bpe'"):
+        get_bpe("no-such-bpe")
+    assert isinstance(get_tokenizer("char", "0123"), CharTokenizer)
