@@ -108,6 +108,11 @@ def peak_flops(device):
     return best, f"measured {device.type} fp32 matmul"
 
 
+def world_size():
+    """Number of DDP ranks (1 for a plain `python script.py`)."""
+    return torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+
+
 def all_reduce(x, op="sum"):
     """Sum or max of a number / tensor over ranks (itself on one process); returns a tensor."""
     x = torch.as_tensor(x, dtype=torch.float64).clone()
@@ -121,7 +126,7 @@ def mean_over_ranks(stats):
     keys = sorted(k for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
     if not torch.distributed.is_initialized() or not keys:
         return stats
-    v = all_reduce([float(stats[k]) for k in keys]) / torch.distributed.get_world_size()
+    v = all_reduce([float(stats[k]) for k in keys]) / world_size()
     return {**stats, **dict(zip(keys, v.tolist()))}
 
 
@@ -129,7 +134,7 @@ def gather_objects(obj):
     """[obj of rank 0, obj of rank 1, ...] on every rank ([obj] on one process)."""
     if not torch.distributed.is_initialized():
         return [obj]
-    out = [None] * torch.distributed.get_world_size()
+    out = [None] * world_size()
     torch.distributed.all_gather_object(out, obj)
     return out
 

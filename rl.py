@@ -46,7 +46,7 @@ import torch
 import losses as L
 from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, evaluate, fmt_time, gather_objects, grade,
                     init_distributed, mean_over_ranks, nonfinite, pack, print_config, record_rows, resolve_device, run_cli,
-                    truncate_metrics, verifier_of)
+                    truncate_metrics, verifier_of, world_size)
 from data.tasks import ensure_data, format_answer, load_records, load_split
 from model import generate, load_checkpoint, model_from_checkpoint, response_forward, save_checkpoint
 from verify import exact_answer, first_wrong_token, overlong_penalty
@@ -345,7 +345,7 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     Under DDP (model wrapped, this rank's groups in batch) the counts are summed over ranks and the
     loss is multiplied by world_size, so DDP's gradient average equals one process on all the groups;
     there each row runs whole (one DDP forward per backward)."""
-    raw, world = unwrap(model), (torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1)
+    raw, world = unwrap(model), world_size()
     ids, offsets, full_mask, P = batch["ids"], batch["offsets"], batch["response_mask"], batch["prompt_len"]
     mask = full_mask[:, P:].float()  # (N, L) response tokens incl. EOS
     old_logp = batch["logps"]  # (N, L) sampler log-probs = old policy, nothing recomputed
@@ -455,7 +455,7 @@ def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
         n = len(rows) // 2
         loss, st = L.PREF_LOSSES[cfg.loss](pi[:n], pi[n:], ref_lp[:n], ref_lp[n:], chosen_len=length[:n], **hp)
     n_all = all_reduce(float(len(rows))).item()  # rows on every rank: DDP averages, so x local share
-    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    world = world_size()
     gnorm = optimizer_step(raw, opt, loss * (len(rows) * world / n_all), lr, cfg.grad_clip)
     log_ratio = (pi.detach() - ref_lp).mean().item()  # mean sequence log pi/ref of the batch's answers
     return {**{f"rl/{k}": float(v) for k, v in st.items()}, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(),
@@ -477,7 +477,7 @@ def nll_update(model, opt, rows, cfg, lr, pad_id, batch=None):
     dev = next(model.parameters()).device
     ids, mask = (t.to(dev) for t in pack(rows, pad_id))  # (N, T) each
     lp, m = L.response_logps(model(ids), ids, mask)  # (N, T-1) each
-    world = torch.distributed.get_world_size() if torch.distributed.is_initialized() else 1
+    world = world_size()
     loss, st = L.BASELINES[cfg.loss](lp, m, n_tokens=all_reduce(m.sum().item()).item())  # every rank's tokens
     gnorm = optimizer_step(unwrap(model), opt, loss * world, lr, cfg.grad_clip)
     stats = {**{f"rl/{k}": float(v) for k, v in st.items()}, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(),
@@ -636,7 +636,7 @@ def main(cfg):
             m = m0 = run_eval(0) if master else None
             save("ckpt.pt", 0, gather_objects(rank_state()))
         for step in range(start, cfg.max_iters):
-            if 0 < cfg.max_seconds <= t_train:  # reached through skipped steps (a trained step stops below)
+            if 0 < cfg.max_seconds <= t_train:  # resumed after its time ran out (a running step stops below)
                 break
             t0 = time.time()
             lr = cfg.lr * min(1.0, (step + 1) / max(1, cfg.warmup_iters))
