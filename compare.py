@@ -10,9 +10,12 @@ Each (loss, seed) is one `python rl.py --loss=X --seed=S --threads=1 ...` subpro
 checkpoint, `jobs` at a time, its output in <out_dir>/runs/<loss>-s<seed>/log.txt next to its
 metrics.jsonl and checkpoints. The policy-gradient and preference losses (losses.LOSSES,
 losses.PREF_LOSSES) all get max_iters steps. Then the two baselines (losses.BASELINES) get the same
-training time as the median of those runs (rl.py --max_seconds; evals excluded): continued SFT on the
-gold answers (sft) and rejection-sampling fine-tuning on the policy's verified-correct samples (rft).
-The question every RL result must answer is whether it beats them.
+training time: continued SFT on the gold answers (sft) and rejection-sampling fine-tuning on the
+policy's verified-correct samples (rft). The question every RL result must answer is whether it beats
+them. By default (--baseline_budget=auto) that time is a step count, max_iters x BASELINE_STEPS_PER_RL_STEP
+(measured on this CPU at rl.py's defaults), so the whole table is reproducible; --baseline_budget=time
+gives them exactly the median RL run's training seconds (rl.py --max_seconds; evals excluded), and
+then their rows depend on machine load.
 
 Writes <out_dir>/compare.md (held-out accuracy before/after, pass@1, pass@8, KL to the reference,
 response length, truncation, clip fractions, time; mean ± std over seeds) and <out_dir>/compare.png
@@ -38,6 +41,11 @@ from model import load_checkpoint
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ALL = list(L.LOSSES) + list(L.PREF_LOSSES) + list(L.BASELINES)  # the table's row order
+# --baseline_budget=auto: baseline steps per RL step that take the same training time, measured here (2-core
+# CPU, 1 thread per run, rl.py's defaults): the median RL step trained 4.3 s, an sft step 0.95 s (no sampling),
+# an rft step 3.5 s (samples, then trains on the verified-correct answers only). Other rl.py batch shapes or
+# machines shift them; the table's train-s column shows how close they came (--baseline_budget=time: exact).
+BASELINE_STEPS_PER_RL_STEP = {"sft": 4.6, "rft": 1.25}
 SET_BY_COMPARE = ("loss", "seed", "sft_ckpt", "out_dir", "threads", "max_iters", "max_seconds", "eval_interval",
                   "eval_seconds", "eval_samples", "wandb", "wandb_project", "wandb_group", "wandb_run_name")
 
@@ -52,8 +60,8 @@ class Config:
     sft_ckpt: str = "out/sft-mul/ckpt.pt"
     out_dir: str = "out/compare"
     jobs: int = 0  # runs at a time, 1 thread each; 0 = min(2, CPU cores)
-    baseline_seconds: float = 0  # training time of each baseline run; 0 = the median RL run's
-    baseline_iters: int = 0  # > 0: baselines get this many steps instead of seconds (a reproducible table)
+    baseline_budget: str = "auto"  # each baseline run's: "auto" (steps matched to the RL runs' training time,
+    # reproducible), "time" (the median RL run's training seconds), "120s" (seconds) or "50" (steps)
     rl_args: str = ""  # more rl.py flags for every run, e.g. "--minibatches=4 --lr=1e-4"
     wandb: bool = False  # every run logs to wandb, all in one group, plus a summary run
     wandb_project: str = "nanorl"
@@ -73,14 +81,22 @@ def parse(cfg):
         raise UserError(f"--seeds must be comma-separated integers, got {cfg.seeds!r}") from None
     if not seeds or cfg.max_iters < 1 or cfg.eval_interval < 1 or cfg.jobs < 0 or cfg.eval_samples < 0:
         raise UserError("need at least one seed, max_iters >= 1, eval_interval >= 1, jobs >= 0, eval_samples >= 0")
-    if cfg.baseline_seconds < 0 or cfg.baseline_iters < 0:
-        raise UserError("baseline_seconds and baseline_iters must be >= 0")
+    b = cfg.baseline_budget
+    if not (b in ("auto", "time") or (b.endswith("s") and _positive(b[:-1], float)) or _positive(b, int)):
+        raise UserError(f"--baseline_budget must be auto, time, seconds like 120s or steps like 50, got {b!r}")
     extra = shlex.split(cfg.rl_args)
     rl_cfg = load_config(rl.Config, extra)  # unknown rl.py keys or bad values fail here, before any run
     taken = [a for a in extra if a.startswith("--") and a[2:].split("=")[0] in SET_BY_COMPARE]
     if taken:
         raise UserError(f"--rl_args: {taken[0]} is set by compare.py itself (use its own flag)")
     return [n for n in ALL if n in names], sorted(set(seeds), key=seeds.index), extra, rl_cfg
+
+
+def _positive(text, kind):
+    try:
+        return kind(text) > 0
+    except ValueError:
+        return False
 
 
 def check_out_dir(out_dir):
@@ -303,17 +319,23 @@ def main(cfg):
     run_all(runs, jobs, progress)
     rl_secs = [final(r, "perf/train_s") for r in runs if r["ok"]]
     if base_names:
-        if cfg.baseline_iters or not (cfg.baseline_seconds or rl_secs):
-            iters = cfg.baseline_iters or cfg.max_iters
-            budget = [f"--max_iters={iters}", f"--eval_interval={max(1, iters // n_evals)}"]
-            base_note = f"{iters} steps each" + ("" if cfg.baseline_iters else " (no RL run to take the time budget from)")
-        else:
-            secs = cfg.baseline_seconds or statistics.median(rl_secs)
-            budget = ["--max_iters=1000000", f"--max_seconds={secs:.1f}", "--eval_interval=1000000",
-                      f"--eval_seconds={secs / n_evals:.1f}"]
-            base_note = (f"{secs:.0f} s of training each ({'--baseline_seconds' if cfg.baseline_seconds else 'the median RL run'}"
+        b = cfg.baseline_budget
+        if b == "time" and not rl_secs:
+            b = "auto"  # no RL run to take the time from
+        if b == "time" or b.endswith("s"):  # wall-clock: rl.py --max_seconds, evals every secs / n_evals
+            secs = statistics.median(rl_secs) if b == "time" else float(b[:-1])
+            budget = {n: ["--max_iters=1000000", f"--max_seconds={secs:.1f}", "--eval_interval=1000000",
+                          f"--eval_seconds={secs / n_evals:.1f}"] for n in base_names}
+            base_note = (f"{secs:.0f} s of training each ({'the median RL run' if b == 'time' else '--baseline_budget'}"
                          f"'s training time), so their step counts depend on machine load")
-        base_runs = [make_run(cfg, n, s, extra, budget, group) for n in base_names for s in seeds]
+        else:  # steps: reproducible
+            steps = {n: int(b) if b != "auto" else max(1, round(cfg.max_iters * BASELINE_STEPS_PER_RL_STEP[n]))
+                     for n in base_names}
+            budget = {n: [f"--max_iters={k}", f"--eval_interval={max(1, k // n_evals)}"] for n, k in steps.items()}
+            base_note = ", ".join(f"{n} {k} steps" for n, k in steps.items()) + (
+                f" (--baseline_budget=auto: {cfg.max_iters} RL steps x {BASELINE_STEPS_PER_RL_STEP}, the RL runs' "
+                "training time on the CPU where those ratios were measured; compare the train s column)" if b == "auto" else "")
+        base_runs = [make_run(cfg, n, s, extra, budget[n], group) for n in base_names for s in seeds]
         run_all(base_runs, jobs, progress)
         runs += base_runs
 

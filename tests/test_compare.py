@@ -13,7 +13,7 @@ from common import UserError
 
 from test_rl import ROOT, sft_ckpt  # noqa: F401 (the tiny SFT checkpoint fixture)
 
-TINY = dict(max_iters=2, eval_interval=1, eval_samples=2, jobs=2, baseline_iters=3,
+TINY = dict(max_iters=2, eval_interval=1, eval_samples=2, jobs=2,  # baselines: the default step budget (auto)
             rl_args="--prompts_per_step=4 --group_size=4 --pairs_per_step=8")
 TIMING = ("train s", "wall s")
 
@@ -54,6 +54,7 @@ def unchanged(out, files):
     (["--sft_ckpt={ckpt}", "--rl_args=--lrr=1"], "unknown config key 'lrr' (did you mean 'lr'?)"),
     (["--sft_ckpt={ckpt}", "--rl_args=--seed=3"], "--seed=3 is set by compare.py itself"),
     (["--seeds=1,x"], "--seeds must be comma-separated integers"),
+    (["--baseline_budget=soon"], "--baseline_budget must be auto, time, seconds like 120s or steps like 50"),
 ])
 def test_bad_input_is_one_line_and_loses_nothing(sft_ckpt, tmp_path, earlier, args, msg):  # noqa: F811
     out, files = earlier
@@ -94,9 +95,10 @@ def test_same_seeds_same_table_failed_run_is_a_row_and_nothing_is_lost(sft_ckpt,
     assert not (out / "compare.png").exists()
     t = table(md1)
     assert [r[0] for r in t[1:]] == ["grpo", "cliff", "sft"]
+    assert "sft 9 steps (--baseline_budget=auto: 2 RL steps x" in md1  # 2 x 4.6, the same training time here
     assert t[2][1] == "failed (see runs/cliff-s1337/log.txt)"
     assert "cliff needs binary rewards" in (out / "runs" / "cliff-s1337" / "log.txt").read_text()
-    assert t[1][1] == "2" and t[3][1] == "3" and t[1][2].startswith("0.") and "→" in t[3][2]  # steps, accuracy
+    assert t[1][1] == "2" and t[3][1] == "9" and t[1][2].startswith("0.") and "→" in t[3][2]  # steps, accuracy
 
     second = compare.main(cfg)
     md2 = (out / "compare.md").read_text()
@@ -119,7 +121,7 @@ def test_wandb_runs_share_a_group_offline(sft_ckpt, tmp_path, monkeypatch):  # n
         monkeypatch.setenv(k, v)
     out = tmp_path / "cmp"
     compare.main(compare.Config(losses="sft", sft_ckpt=sft_ckpt, out_dir=str(out), wandb=True, wandb_group="grp-cmp-7",
-                                **{**TINY, "baseline_iters": 1}))
+                                **{**TINY, "baseline_budget": "1"}))
     logs = {}
     for d in (out / "runs" / "sft-s1337", out):  # the run and compare's own summary run
         runs = list((d / "wandb").glob("offline-run-*"))
@@ -131,3 +133,12 @@ def test_wandb_runs_share_a_group_offline(sft_ckpt, tmp_path, monkeypatch):  # n
             time.sleep(0.2)
         assert b"grp-cmp-7" in logs[d]
     assert b"sft-s1337/accuracy" in logs[out]
+
+
+def test_time_budget_gives_the_baselines_the_median_rl_training_time(sft_ckpt, tmp_path):  # noqa: F811
+    res = compare.main(compare.Config(losses="grpo,sft", sft_ckpt=sft_ckpt, out_dir=str(tmp_path / "cmp"),
+                                      **{**TINY, "baseline_budget": "time"}))
+    grpo, sft = res["runs"]
+    secs = compare.final(grpo, "perf/train_s")  # the median of one RL run
+    assert not res["failed"] and compare.final(sft, "perf/train_s") >= round(secs, 1) - 1e-6  # ran its time out
+    assert f"{secs:.0f} s of training each (the median RL run's training time)" in (tmp_path / "cmp" / "compare.md").read_text()
