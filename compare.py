@@ -323,7 +323,7 @@ def main(cfg):
         if b == "time" and not rl_secs:
             b = "auto"  # no RL run to take the time from
         if b == "time" or b.endswith("s"):  # wall-clock: rl.py --max_seconds, evals every secs / n_evals
-            secs = statistics.median(rl_secs) if b == "time" else float(b[:-1])
+            secs = max(statistics.median(rl_secs) if b == "time" else float(b[:-1]), 0.1)  # rl.py: 0 s = no limit
             budget = {n: ["--max_iters=1000000", f"--max_seconds={secs:.1f}", "--eval_interval=1000000",
                           f"--eval_seconds={secs / n_evals:.1f}"] for n in base_names}
             base_note = (f"{secs:.0f} s of training each ({'the median RL run' if b == 'time' else '--baseline_budget'}"

@@ -375,7 +375,7 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
             g = G if cfg.minibatches == 1 and world == 1 else 1  # a shuffled minibatch holds no whole groups
             n_tokens, n_seqs = all_reduce([mask[mb].sum().item(), float(len(mb))]).tolist()  # every rank's counts
             n_tokens, first, kept, total = max(n_tokens, 1.0), not stats, [], 0.0
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             for ub in mb.split(rows):  # gradient accumulation; the loss divides by the minibatch's counts
                 lp, logits, values = policy_logps(model, ids[ub], offsets[ub], full_mask[ub], P, cfg.temperature, ppo, g)
                 with torch.set_grad_enabled(bool(ppo and hp["ent_coef"])):  # a gradient only for PPO's entropy bonus
@@ -756,7 +756,7 @@ def optimizer_step(model, opt, loss, lr, grad_clip, backward=True):
     for g in opt.param_groups:
         g["lr"] = lr * g.get("lr_scale", 1.0)
     if backward:
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         loss.backward()
     gnorm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
     if not (torch.isfinite(loss) and torch.isfinite(gnorm)):  # a finite norm means every gradient is finite

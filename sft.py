@@ -271,7 +271,7 @@ def main(cfg):
             t_step = time.time()
             idx = torch.randint(len(x), (cfg.batch_size // world,), generator=gen).to(dev)
             n_targets = all_reduce(lmask[idx].sum()).item() / world  # every rank's: DDP averages, so / world
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             loss = accumulate_grads(ddp, x[idx], y[idx], lmask[idx], cfg.micro_batch_size or cfg.batch_size, use_bf16, n_targets)
             bad = nonfinite(loss, model)
             if bad:  # nothing is stepped or saved: the last checkpoint stays the last good one

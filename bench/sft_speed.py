@@ -49,7 +49,7 @@ def main(b):
         for name, (micro, bf16) in variants.items():
             idx = torch.randint(len(x), (b.batch_size,), generator=gen)
             t = time.perf_counter()
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             sft.accumulate_grads(model, x[idx], y[idx], mask[idx], micro, bf16)
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
