@@ -36,7 +36,6 @@ class Config:
     max_iters: int = 1500
     weight_decay: float = 0.1
     grad_clip: float = 1.0
-    lm_coef: float = 0.0  # + lm_coef x the chosen answers' per-token NLL: the trunk keeps learning the task (GRM)
     eval_interval: int = 250
     policy_samples: int = 4  # answers per train prompt from the SFT policy for extra pairs; 0 = off
     eval_policy_samples: int = 8  # answers per test prompt for eval/policy_pair_accuracy
@@ -50,19 +49,13 @@ class Config:
     wandb_group: str = ""  # runs of one experiment
 
 
-def scores(model, rows, pad_id, nll_rows=0, n_tokens=None):
-    """(N,) scalar head at each row's last response token (the EOS of a finished answer). With nll_rows > 0
-    also the NLL of the first nll_rows rows' response tokens, summed and divided by n_tokens (default:
-    those rows' own response-token count)."""
+def scores(model, rows, pad_id):
+    """(N,) scalar head at each row's last response token (the EOS of a finished answer)."""
     dev = next(model.parameters()).device
     ids, mask = (t.to(dev) for t in pack(rows, pad_id))
-    logits, s = model(ids, return_scalar=True)  # (N, T, V), (N, T)
+    _, s = model(ids, return_scalar=True)  # (N, T)
     last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # (N,) index of the last response token
-    score = s[torch.arange(len(rows), device=dev), last]  # (N,)
-    if not nll_rows:
-        return score
-    lp, m = L.response_logps(logits[:nll_rows], ids[:nll_rows], mask[:nll_rows])  # (n, T-1) each
-    return score, L.nll_loss(lp, m, n_tokens)[0]
+    return s[torch.arange(len(rows), device=dev), last]
 
 
 @torch.no_grad()
@@ -174,23 +167,16 @@ def main(cfg):
             g["lr"] = lr
         B = cfg.batch_size // world  # every rank the same share: DDP's gradient average is the batch mean
         idx = torch.randint(len(tr_c), (B,), generator=gen, device=dev).tolist()
-        rows = [tr_c[i] for i in idx] + [tr_r[i] for i in idx]
-        if cfg.lm_coef:  # NLL over every rank's chosen tokens: DDP averages the ranks, so the count / world
-            n_tok = all_reduce(torch.tensor(float(sum(len(r) for _, r in rows[:B])), device=dev)).item() / world
-            s, nll = scores(ddp, rows, tok.pad_id, nll_rows=B, n_tokens=n_tok)  # (2B,), scalar
-        else:
-            s, nll = scores(ddp, rows, tok.pad_id), torch.zeros((), device=dev)
-        bt, st = L.bt_loss(s[:B], s[B:])
-        loss = bt + cfg.lm_coef * nll
+        s = scores(ddp, [tr_c[i] for i in idx] + [tr_r[i] for i in idx], tok.pad_id)  # (2B,)
+        loss, st = L.bt_loss(s[:B], s[B:])
         if not all_reduce(loss.detach()).isfinite():
             raise UserError(f"non-finite loss at step {step}; last good checkpoint kept in {cfg.out_dir}")
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=True)
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         if step % 50 == 0:
-            st = mean_over_ranks({"train/loss": loss.item(), "train/bt_loss": bt.item(), "train/nll": nll.item(),
-                                  "train/pair_accuracy": st["pair_accuracy"].item(),
+            st = mean_over_ranks({"train/loss": loss.item(), "train/pair_accuracy": st["pair_accuracy"].item(),
                                   "train/margin": st["margin"].item()})
             logger.log({"step": step, **st, "train/grad_norm": gnorm.item(), "train/lr": lr})
             if master:
