@@ -1,7 +1,7 @@
 """
 Every RL post-training algorithm on one SFT checkpoint, side by side: a table and curves.
 
-    python compare.py                                  # every loss + 2 baselines, 1 seed: ~21 min on 2 CPU cores
+    python compare.py                                  # every loss + 2 baselines, 1 seed: 7-21 min on 2 CPU cores
     python compare.py --losses=grpo,dr_grpo,dapo,sft --seeds=1,2,3 --max_iters=100
     python compare.py --rl_args="--minibatches=4"      # any rl.py flag, given to every run
     python compare.py --wandb=true                     # every run logs to wandb, all in one group

@@ -1,0 +1,77 @@
+"""
+How much of PPO's return variance can a value head on the SFT trunk explain? (Not a test: a probe.)
+
+    python bench/value_probe.py [--ckpt=out/sft-mul/ckpt.pt] [--prompts=1024] [--threads=0]
+
+Samples G = 16 answers for each of `prompts` train prompts from the SFT policy (temperature 1, up to 8
+new tokens), takes the trunk's final hidden state at every response position (what PPO's value head
+reads) and the sequence's verifier reward as every position's return (gamma 1, no KL). Prints the
+explained variance of: each prompt's mean return (a critic that knew each problem's difficulty), a
+ridge-regression linear head, and a 2-layer MLP head, fitted on 3/4 of the prompts, reported on them
+and on the other 1/4.
+"""
+import sys
+import os
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from common import encode_prompts, score_samples  # noqa: E402
+from data.tasks import load_split  # noqa: E402
+from model import generate, load_checkpoint, model_from_checkpoint, response_forward  # noqa: E402
+
+args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
+ckpt_path, n, G = args.get("ckpt", "out/sft-mul/ckpt.pt"), int(args.get("prompts", 1024)), 16
+if int(args.get("threads", 0)):
+    torch.set_num_threads(int(args["threads"]))
+torch.manual_seed(0)
+ckpt = load_checkpoint(ckpt_path)
+model, tok = model_from_checkpoint(ckpt, ckpt_path, scalar_head=True)
+model.eval()
+reverse = ckpt["config"].get("reverse", False)
+feats = {}
+model.score_head.register_forward_hook(lambda mod, inp, out: feats.update(x=inp[0]))  # the head's input
+train = load_split(ckpt["config"].get("task", "mul"), "train")
+gen = torch.Generator().manual_seed(1)
+picked = [train[i] for i in torch.randperm(len(train), generator=gen)[:n].tolist()]
+X, Y, pid = [], [], []
+with torch.no_grad():
+    for c in range(0, n, 64):
+        chunk = picked[c:c + 64]
+        out = generate(model, encode_prompts(tok, [p for p, _ in chunk], reverse), 8, tok.eos_id, tok.pad_id, G=G,
+                       temperature=1.0, generator=gen)
+        R = torch.tensor([r for r, _ in score_samples(tok, out, [a for _, a in chunk for _ in range(G)], reverse)])  # (N,)
+        P = out["prompt_len"]
+        response_forward(model, out["ids"], out["offsets"], P, return_scalar=True)
+        m = out["response_mask"][:, P:].bool()  # (N, L)
+        X.append(feats["x"][:, P - 1:-1][m])  # (tokens, C) the state before each response token
+        Y.append(R[:, None].expand_as(m)[m].double())
+        pid.append((torch.arange(len(chunk)) + c).repeat_interleave(G)[:, None].expand_as(m)[m])
+X, Y, pid = torch.cat(X).double(), torch.cat(Y), torch.cat(pid)
+fit, held = pid < n * 3 // 4, pid >= n * 3 // 4
+
+
+def ev(pred, s):
+    return 1 - ((Y[s] - pred[s]).var() / Y[s].var()).item()
+
+
+mean = torch.zeros(n, dtype=torch.double).index_add_(0, pid, Y) / torch.bincount(pid, minlength=n).double()
+print(f"{len(Y)} response tokens, accuracy {Y.mean():.3f}")
+print(f"each prompt's mean return (a critic that knows the difficulty): {ev(mean[pid], slice(None)):.3f}")
+Xb = torch.cat([X, torch.ones(len(X), 1, dtype=torch.double)], 1)
+w = torch.linalg.solve(Xb[fit].T @ Xb[fit] + 0.1 * torch.eye(Xb.shape[1], dtype=torch.double), Xb[fit].T @ Y[fit])
+print(f"linear head (ridge): fitted prompts {ev(Xb @ w, fit):.3f}, unseen prompts {ev(Xb @ w, held):.3f}")
+torch.manual_seed(0)
+mlp = torch.nn.Sequential(torch.nn.Linear(X.shape[1], 256), torch.nn.GELU(), torch.nn.Linear(256, 1)).double()
+opt = torch.optim.Adam(mlp.parameters(), lr=1e-3)
+rows = fit.nonzero().squeeze(1)
+for it in range(1, 2001):
+    b = rows[torch.randint(len(rows), (512,))]
+    loss = ((mlp(X[b]).squeeze(1) - Y[b]) ** 2).mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if it % 500 == 0:
+        with torch.no_grad():
+            pred = mlp(X).squeeze(1)
+        print(f"MLP head, {it} steps: fitted prompts {ev(pred, fit):.3f}, unseen prompts {ev(pred, held):.3f}")
