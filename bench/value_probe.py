@@ -7,8 +7,10 @@ Samples G = 16 answers for each of `prompts` train prompts from the SFT policy (
 new tokens), takes the trunk's final hidden state at every response position (what PPO's value head
 reads) and the sequence's verifier reward as every position's return (gamma 1, no KL). Prints the
 explained variance of: each prompt's mean return (a critic that knew each problem's difficulty), a
-ridge-regression linear head, and a 2-layer MLP head, fitted on 3/4 of the prompts, reported on them
-and on the other 1/4.
+ridge-regression linear head, a 2-layer MLP head on those features, and a separate critic (a copy of
+the whole SFT model with a zero-initialised head, every weight trained on the value loss, lr 3e-4, 300
+steps of 64 prompts x 16 answers), each fitted on 3/4 of the prompts and reported on them and on the
+other 1/4. About 2 minutes on 2 CPU cores.
 """
 import sys
 import os
@@ -34,7 +36,7 @@ model.score_head.register_forward_hook(lambda mod, inp, out: feats.update(x=inp[
 train = load_split(ckpt["config"].get("task", "mul"), "train")
 gen = torch.Generator().manual_seed(1)
 picked = [train[i] for i in torch.randperm(len(train), generator=gen)[:n].tolist()]
-X, Y, pid = [], [], []
+X, Y, pid, batches = [], [], [], []
 with torch.no_grad():
     for c in range(0, n, 64):
         chunk = picked[c:c + 64]
@@ -44,6 +46,7 @@ with torch.no_grad():
         P = out["prompt_len"]
         response_forward(model, out["ids"], out["offsets"], P, return_scalar=True)
         m = out["response_mask"][:, P:].bool()  # (N, L)
+        batches.append((out["ids"], out["offsets"], P, m, R.float()))
         X.append(feats["x"][:, P - 1:-1][m])  # (tokens, C) the state before each response token
         Y.append(R[:, None].expand_as(m)[m].double())
         pid.append((torch.arange(len(chunk)) + c).repeat_interleave(G)[:, None].expand_as(m)[m])
@@ -75,3 +78,29 @@ for it in range(1, 2001):
         with torch.no_grad():
             pred = mlp(X).squeeze(1)
         print(f"MLP head, {it} steps: fitted prompts {ev(pred, fit):.3f}, unseen prompts {ev(pred, held):.3f}")
+
+critic = model_from_checkpoint(ckpt, ckpt_path, scalar_head=True)[0]
+torch.nn.init.zeros_(critic.score_head.weight)
+opt = critic.configure_optimizer(3e-4, 0.0, (0.9, 0.99))
+fit_b, held_b = batches[:len(batches) * 3 // 4], batches[len(batches) * 3 // 4:]
+
+
+def critic_ev(part):
+    ys, ps = [], []
+    with torch.no_grad():
+        for ids, offsets, P, m, R in part:
+            ys.append(R[:, None].expand_as(m)[m])
+            ps.append(response_forward(critic, ids, offsets, P, G, return_scalar=True)[1][m])
+    y, p = torch.cat(ys), torch.cat(ps)
+    return 1 - ((y - p).var() / y.var()).item()
+
+
+for it in range(1, 301):
+    ids, offsets, P, m, R = fit_b[torch.randint(len(fit_b), (1,), generator=gen).item()]
+    v = response_forward(critic, ids, offsets, P, G, return_scalar=True)[1]  # (N, L)
+    loss = ((v - R[:, None]) ** 2)[m].mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if it % 100 == 0:
+        print(f"separate critic, {it} steps: fitted prompts {critic_ev(fit_b):.3f}, unseen prompts {critic_ev(held_b):.3f}")
