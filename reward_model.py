@@ -171,7 +171,7 @@ def main(cfg):
         loss, st = L.bt_loss(s[:B], s[B:])
         if not all_reduce(loss.detach()).isfinite():
             raise UserError(f"non-finite loss at step {step}; last good checkpoint kept in {cfg.out_dir}")
-        opt.zero_grad(set_to_none=True)
+        opt.zero_grad()
         loss.backward()
         gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
