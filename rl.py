@@ -358,7 +358,7 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     if ppo:  # the rollout's values V_old, from the same forward pass shape as the update's
         batch["values"] = torch.where(mask.bool(), frozen_logps(raw, ids, offsets, full_mask, P, cfg.temperature, G, rows, True)[1], 0.0)
     adv, extra = advantages(cfg, batch, hp, ref_logp)
-    N, stats = ids.size(0), {}
+    N, stats, steps = ids.size(0), {}, []  # steps: each optimizer step's loss stats, averaged for the log
 
     def loss_of(r, lp, values, entropy, n_tokens, n_seqs):
         kw = {k: (v[r] if torch.is_tensor(v) else v) for k, v in extra.items()}
@@ -393,7 +393,8 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
                     st = loss_of(mb, lp, values, ent, n_tokens, n_seqs)[1]
             gnorm = optimizer_step(raw, opt, total, lr, cfg.grad_clip, backward=False)
             loss = total
-    stats.update({f"rl/{k}": float(v) for k, v in st.items()})
+            steps.append({k: float(v) for k, v in st.items()})
+    stats.update({f"rl/{k}": sum(s[k] for s in steps) / len(steps) for k in steps[0]})  # clip fractions etc.: every step's
     if ref_logp is not None:
         stats["rl/kl"] = L.masked_mean(L.kl_estimate(old_logp, ref_logp, "k3"), mask).item()
     if ppo:
