@@ -200,9 +200,9 @@ def avg(r, key):
     return statistics.mean(vals) if vals else None
 
 
-def table(runs, names, rel):
-    """Markdown table, one row per loss (its seeds aggregated), and notes on failed runs."""
-    head = ["algorithm", "steps", "test accuracy before → after", "Δ points", "pass@1", "pass@8", "KL to ref",
+def table(runs, names, rel, pk):
+    """Markdown table, one row per loss (its seeds aggregated), and notes on failed runs; pk: the pass@k key."""
+    head = ["algorithm", "steps", "test accuracy before → after", "Δ points", "pass@1", pk, "KL to ref",
             "resp len", "truncated", "clipfrac low / high", "train s", "wall s"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     notes = []
@@ -221,7 +221,7 @@ def table(runs, names, rel):
                  f"{mean_std(before, '{:.3f}')} → {mean_std(after, '{:.3f}')}",
                  mean_std([100 * (a - b) for a, b in zip(after, before)], "{:+.1f}"),
                  mean_std([final(r, "eval/pass@1") for r in ok], "{:.3f}"),
-                 mean_std([final(r, "eval/pass@8") for r in ok], "{:.3f}"),
+                 mean_std([final(r, "eval/" + pk) for r in ok], "{:.3f}"),
                  mean_std([final(r, "eval/kl") for r in ok], "{:.4f}"),
                  mean_std([final(r, "eval/resp_len") for r in ok], "{:.2f}"),
                  mean_std([100 * final(r, "eval/truncated_frac") for r in ok], "{:.1f}%"),
@@ -339,9 +339,10 @@ def main(cfg):
         run_all(base_runs, jobs, progress)
         runs += base_runs
 
-    lines, notes = table(runs, names, rel)
+    pk = f"pass@{min(8, cfg.eval_samples)}"  # common.evaluate's key: pass@8, or pass@n with fewer samples
+    lines, notes = table(runs, names, rel, pk)
     first = next((r["evals"][0] for r in runs if r["ok"]), {})
-    start = ", ".join(f"{k.split('/')[1]} {first[k]:.3f}" for k in ("eval/accuracy", "eval/pass@1", "eval/pass@8") if k in first)
+    start = ", ".join(f"{k.split('/')[1]} {first[k]:.3f}" for k in ("eval/accuracy", "eval/pass@1", "eval/" + pk) if k in first)
     step_desc = (f"{cfg.max_iters} steps of {rl_cfg.prompts_per_step} prompts × {rl_cfg.group_size} samples "
                  f"(smaller than rl.py's default {rl.Config.max_iters} steps)")
     md = ["# Algorithm comparison", "",
@@ -352,7 +353,7 @@ def main(cfg):
           *([f"- baselines (sft: continued SFT on gold answers, rft: rejection-sampling fine-tuning): {base_note}"]
             if base_names else []),
           f"- extra rl.py flags: `{cfg.rl_args}`" if cfg.rl_args else "- every loss at its defaults (rl.py, losses.DEFAULTS)",
-          f"- held-out: the {ckpt['config'].get('task', 'mul')} test split, greedy accuracy; pass@1 / pass@8 from "
+          f"- held-out: the {ckpt['config'].get('task', 'mul')} test split, greedy accuracy; pass@1 / {pk} from "
           f"{cfg.eval_samples} samples per problem; KL, response length and truncation on 4 samples of 256 test prompts; "
           "clip fractions are means over the training steps (0 when every update is on-policy, rl.py's default)",
           f"- timing columns: train s (training time, evals excluded), wall s (the whole run); "

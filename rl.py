@@ -706,9 +706,10 @@ def main(cfg):
     finally:
         stop.restore()
     if master:
+        pk = f"eval/pass@{min(8, cfg.eval_samples)}"  # pass@n with fewer than 8 samples
         print(f"held-out (test) greedy accuracy: {m0['eval/accuracy']:.4f} -> {m['eval/accuracy']:.4f} "
               f"({100 * (m['eval/accuracy'] - m0['eval/accuracy']):+.1f} points) in {time.time() - t_start:.0f}s; "
-              + (f"pass@8 {m0['eval/pass@8']:.4f} -> {m['eval/pass@8']:.4f}; " if cfg.eval_samples else "")
+              + (f"{pk[5:]} {m0[pk]:.4f} -> {m[pk]:.4f}; " if cfg.eval_samples else "")
               + f"checkpoint {ckpt_path}", flush=True)
     logger.finish()
     if torch.distributed.is_initialized():

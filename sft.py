@@ -66,7 +66,7 @@ class Config:
     # evaluation
     eval_interval: int = 250  # full eval: val and test greedy accuracy, test pass@1 / pass@8
     val_interval: int = 50  # with target_val_accuracy: a cheap val-only check this often
-    eval_samples: int = 8  # samples per test problem for pass@1 / pass@8 (0 = greedy only)
+    eval_samples: int = 8  # samples per test problem for pass@1 / pass@8 (pass@n below 8; 0 = greedy only)
     eval_temperature: float = 1.0  # the RL sampling temperature
     max_new_tokens: int = 8
     target_val_accuracy: Optional[float] = None  # stop once val accuracy reaches this
