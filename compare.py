@@ -13,7 +13,7 @@ losses.PREF_LOSSES) all get max_iters steps. Then the two baselines (losses.BASE
 training time: continued SFT on the gold answers (sft) and rejection-sampling fine-tuning on the
 policy's verified-correct samples (rft). The question every RL result must answer is whether it beats
 them. By default (--baseline_budget=auto) that time is a step count, max_iters x BASELINE_STEPS_PER_RL_STEP
-(measured on this CPU at rl.py's defaults), so the whole table is reproducible; --baseline_budget=time
+(measured at rl.py's defaults), so the whole table is reproducible; --baseline_budget=time
 gives them exactly the median RL run's training seconds (rl.py --max_seconds; evals excluded), and
 then their rows depend on machine load.
 
@@ -41,10 +41,10 @@ from model import load_checkpoint
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ALL = list(L.LOSSES) + list(L.PREF_LOSSES) + list(L.BASELINES)  # the table's row order
-# --baseline_budget=auto: baseline steps per RL step that take the same training time, measured here (2-core
-# CPU, 1 thread per run, rl.py's defaults): the median RL step trained 4.3 s, an sft step 0.95 s (no sampling),
-# an rft step 3.5 s (samples, then trains on the verified-correct answers only). Other rl.py batch shapes or
-# machines shift them; the table's train-s column shows how close they came (--baseline_budget=time: exact).
+# --baseline_budget=auto: baseline steps per RL step that take the same training time, measured at rl.py's
+# defaults with 1 thread per run: a median RL step trains as long as 4.6 sft steps (no sampling) and 1.25
+# rft steps (samples, then trains on the verified-correct answers only); on a second CPU 4.8 and 1.1. Other
+# rl.py batch shapes shift them; the table's train-s column shows how close they came (=time: exact).
 BASELINE_STEPS_PER_RL_STEP = {"sft": 4.6, "rft": 1.25}
 SET_BY_COMPARE = ("loss", "seed", "sft_ckpt", "out_dir", "threads", "max_iters", "max_seconds", "eval_interval",
                   "eval_seconds", "eval_samples", "wandb", "wandb_project", "wandb_group", "wandb_run_name")
