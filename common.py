@@ -363,7 +363,8 @@ def evaluate(model, tok, problems, reverse, max_new_tokens, n_samples=0, tempera
     """Greedy accuracy on `problems` [(prompt, answer)] under `verifier` (the task's, default exact
     match), and with n_samples > 0 the sampled pass@1 and pass@k (unbiased estimator, n_samples per
     problem at `temperature`; with fewer than k samples the key says pass@n_samples). At most batch_size
-    rows go through the sampler at once (memory: the KV cache grows with them). Returns (metrics, examples) where examples are a few (prompt, completion, reward)."""
+    rows go through the sampler at once (memory: the KV cache grows with them). Returns (metrics,
+    examples) where examples are a few (prompt, completion, reward)."""
     correct, passes1, passesk, examples = 0, 0.0, 0.0, []
     for i in range(0, len(problems), batch_size):
         chunk = problems[i:i + batch_size]
