@@ -386,8 +386,13 @@ def evaluate(model, tok, problems, reverse, max_new_tokens, n_samples=0, tempera
     n = len(problems)
     metrics = {f"{prefix}/accuracy": correct / n, f"{prefix}/n": n}
     if n_samples > 0:
-        metrics.update({f"{prefix}/pass@1": passes1 / n, f"{prefix}/pass@{min(k, n_samples)}": passesk / n})
+        metrics.update({f"{prefix}/pass@1": passes1 / n, f"{prefix}/{pass_k_name(n_samples, k)}": passesk / n})
     return metrics, examples
+
+
+def pass_k_name(n_samples, k=8):
+    """evaluate's pass@k metric name: pass@k, or pass@n_samples when fewer samples are drawn."""
+    return f"pass@{min(k, n_samples)}"
 
 
 def score_samples(tok, out, gold, reverse, verifier=exact_answer):

@@ -35,7 +35,7 @@ from dataclasses import dataclass, fields, replace
 
 import losses as L
 import rl
-from common import Logger, UserError, fmt_time, load_config, print_config, run_cli
+from common import Logger, UserError, fmt_time, load_config, pass_k_name, print_config, run_cli
 from data.tasks import ensure_data
 from model import load_checkpoint
 
@@ -339,7 +339,7 @@ def main(cfg):
         run_all(base_runs, jobs, progress)
         runs += base_runs
 
-    pk = f"pass@{min(8, cfg.eval_samples)}"  # common.evaluate's key: pass@8, or pass@n with fewer samples
+    pk = pass_k_name(cfg.eval_samples)
     lines, notes = table(runs, names, rel, pk)
     first = next((r["evals"][0] for r in runs if r["ok"]), {})
     start = ", ".join(f"{k.split('/')[1]} {first[k]:.3f}" for k in ("eval/accuracy", "eval/pass@1", "eval/" + pk) if k in first)

@@ -45,7 +45,7 @@ import torch
 
 import losses as L
 from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, evaluate, fmt_time, gather_objects, grade,
-                    init_distributed, mean_over_ranks, nonfinite, pack, print_config, record_rows, resolve_device, run_cli,
+                    init_distributed, mean_over_ranks, nonfinite, pack, pass_k_name, print_config, record_rows, resolve_device, run_cli,
                     truncate_metrics, verifier_of, world_size)
 from data.tasks import ensure_data, format_answer, load_records, load_split
 from model import generate, load_checkpoint, model_from_checkpoint, response_forward, save_checkpoint
@@ -706,10 +706,10 @@ def main(cfg):
     finally:
         stop.restore()
     if master:
-        pk = f"eval/pass@{min(8, cfg.eval_samples)}"  # pass@n with fewer than 8 samples
+        pk = pass_k_name(cfg.eval_samples)
         print(f"held-out (test) greedy accuracy: {m0['eval/accuracy']:.4f} -> {m['eval/accuracy']:.4f} "
               f"({100 * (m['eval/accuracy'] - m0['eval/accuracy']):+.1f} points) in {time.time() - t_start:.0f}s; "
-              + (f"{pk[5:]} {m0[pk]:.4f} -> {m[pk]:.4f}; " if cfg.eval_samples else "")
+              + (f"{pk} {m0['eval/' + pk]:.4f} -> {m['eval/' + pk]:.4f}; " if cfg.eval_samples else "")
               + f"checkpoint {ckpt_path}", flush=True)
     logger.finish()
     if torch.distributed.is_initialized():

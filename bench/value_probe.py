@@ -19,6 +19,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import encode_prompts, score_samples  # noqa: E402
+from losses import explained_variance  # noqa: E402
 from data.tasks import load_split  # noqa: E402
 from model import generate, load_checkpoint, model_from_checkpoint, response_forward  # noqa: E402
 
@@ -55,7 +56,7 @@ fit, held = pid < n * 3 // 4, pid >= n * 3 // 4
 
 
 def ev(pred, s):
-    return 1 - ((Y[s] - pred[s]).var() / Y[s].var()).item()
+    return explained_variance(pred[s], Y[s], torch.ones_like(Y[s])).item()
 
 
 mean = torch.zeros(n, dtype=torch.double).index_add_(0, pid, Y) / torch.bincount(pid, minlength=n).double()
@@ -91,8 +92,8 @@ def critic_ev(part):
         for ids, offsets, P, m, R in part:
             ys.append(R[:, None].expand_as(m)[m])
             ps.append(response_forward(critic, ids, offsets, P, G, return_scalar=True)[1][m])
-    y, p = torch.cat(ys), torch.cat(ps)
-    return 1 - ((y - p).var() / y.var()).item()
+    y = torch.cat(ys)
+    return explained_variance(torch.cat(ps), y, torch.ones_like(y)).item()
 
 
 for it in range(1, 301):
