@@ -1,9 +1,18 @@
 """
-Bradley-Terry reward model: the SFT GPT plus a scalar head read at the EOS position, trained so that
-the right answer scores above a wrong one, -log sigmoid(s_chosen - s_rejected) (losses.bt_loss).
+Bradley-Terry reward model: the SFT GPT with a scalar head read at the EOS position, trained so that
+the right answer scores above a wrong one, -log sigmoid(s_chosen - s_rejected) (losses.bt_loss), with
 
-    python reward_model.py configs/mul_rm.py                       # ~2 min on 2 CPU cores -> out/rm-mul/ckpt.pt
+    s(x, y) = head(h at y's EOS) + lik_coef * log p(y | x)    (y's log-likelihood under the RM's own LM head)
+
+plus lm_coef * the NLL of the right answers, so the trunk keeps learning the task while the head trains
+(an LM regulariser as in GRM, Yang et al. 2024). Why the likelihood term: the head alone (lik_coef=0)
+checks answers only as far as the trunk has memorised them (held-out pair accuracy 0.84, and chance on
+the SFT policy's own mistakes), while the trunk's log-likelihood separates the documented wrong answers
+before any training and, as the NLL carries the trunk past the policy, the policy's mistakes too.
+
+    python reward_model.py configs/mul_rm.py                       # ~3.5 min on 2 CPU cores -> out/rm-mul/ckpt.pt
     python reward_model.py configs/mul_rm.py --sft_ckpt=out/sft-mul-seed2/ckpt.pt --out_dir=out/rm-try
+    python reward_model.py configs/mul_rm.py --lik_coef=0 --lm_coef=0   # the classic head-only RM
     python rl.py --loss=ppo --reward=rm                            # RLHF: PPO against this model
 
 Training pairs: data/<task>/pairs_train.jsonl (right answer vs a plausible wrong one of five
@@ -30,10 +39,12 @@ class Config:
     sft_ckpt: str = "out/sft-mul/ckpt.pt"
     out_dir: str = "out/rm-mul"
     seed: int = 1337
-    batch_size: int = 64  # pairs per step
-    lr: float = 3e-4
+    batch_size: int = 128  # pairs per step
+    lr: float = 1e-3
     warmup_iters: int = 50
     max_iters: int = 1500
+    lik_coef: float = 1.0  # score = head at EOS + lik_coef * the answer's log-likelihood (0 = head only)
+    lm_coef: float = 1.0  # + lm_coef * NLL of the chosen (right) answers: the trunk keeps learning the task
     weight_decay: float = 0.1
     grad_clip: float = 1.0
     eval_interval: int = 250
@@ -49,13 +60,22 @@ class Config:
     wandb_group: str = ""  # runs of one experiment
 
 
-def scores(model, rows, pad_id):
-    """(N,) scalar head at each row's last response token (the EOS of a finished answer)."""
+def rm_scores(model, ids, response_mask, offsets=None, lik_coef=0.0):
+    """Reward-model score of each row of ids (N, T) whose response tokens response_mask (N, T) marks:
+        s(x, y) = head(h at y's last token, the EOS of a finished answer) + lik_coef * sum_t log p(y_t | x, y_<t)
+    the scalar head plus lik_coef times the answer's log-likelihood under the model's own LM head.
+    Returns the scores (N,) and the response tokens' log-probs (N, T-1), 0 off the response."""
+    logits, s = model(ids, offsets, return_scalar=True)  # (N, T, V), (N, T)
+    logp = L.token_logps(logits[:, :-1], ids[:, 1:], response_mask[:, 1:])  # (N, T-1)
+    last = response_mask.shape[1] - 1 - response_mask.flip(1).argmax(1)  # (N,) index of the last response token
+    return s[torch.arange(len(ids), device=ids.device), last] + lik_coef * logp.sum(1), logp
+
+
+def scores(model, rows, pad_id, lik_coef=0.0):
+    """rm_scores of [(prompt ids, response ids)] rows -> scores (N,), log-probs (N, T-1), their mask (N, T-1)."""
     dev = next(model.parameters()).device
     ids, mask = (t.to(dev) for t in pack(rows, pad_id))
-    _, s = model(ids, return_scalar=True)  # (N, T)
-    last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # (N,) index of the last response token
-    return s[torch.arange(len(rows), device=dev), last]
+    return *rm_scores(model, ids, mask, lik_coef=lik_coef), mask[:, 1:]
 
 
 @torch.no_grad()
@@ -83,11 +103,12 @@ def policy_pairs(model, tok, problems, reverse, n, cfg, gen):
 
 
 @torch.no_grad()
-def pair_accuracy(model, chosen, rejected, pad_id, kinds=None):
+def pair_accuracy(model, chosen, rejected, pad_id, lik_coef, kinds=None):
     """Fraction of pairs whose chosen answer scores higher; with kinds, also per kind."""
     model.eval()
-    win = torch.cat([scores(model, chosen[i:i + 512], pad_id) > scores(model, rejected[i:i + 512], pad_id)
-                     for i in range(0, len(chosen), 512)]).float()  # (N,)
+    def s(rows):  # 512 rows at a time: memory
+        return torch.cat([scores(model, rows[i:i + 512], pad_id, lik_coef)[0] for i in range(0, len(rows), 512)])
+    win = (s(chosen) > s(rejected)).float()  # (N,)
     out = {"": win.mean().item()}
     for k in sorted(set(kinds or [])):
         out["/" + k] = win[torch.tensor([x == k for x in kinds], device=win.device)].mean().item()
@@ -144,10 +165,10 @@ def main(cfg):
 
     def run_eval(step):
         nonlocal best
-        doc = pair_accuracy(model, te_c, te_r, tok.pad_id, te_k)
+        doc = pair_accuracy(model, te_c, te_r, tok.pad_id, cfg.lik_coef, te_k)
         m = {f"eval/pair_accuracy{k}": v for k, v in doc.items()}
-        m["eval/policy_pair_accuracy"] = pair_accuracy(model, ev_c, ev_r, tok.pad_id)[""]
-        m["val/pair_accuracy"] = pair_accuracy(model, va_c, va_r, tok.pad_id)[""]
+        m["eval/policy_pair_accuracy"] = pair_accuracy(model, ev_c, ev_r, tok.pad_id, cfg.lik_coef)[""]
+        m["val/pair_accuracy"] = pair_accuracy(model, va_c, va_r, tok.pad_id, cfg.lik_coef)[""]
         logger.log({"step": step, **m})
         print(f"step {step:5d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items()) +
               f" | {time.time() - t0:.0f}s", flush=True)
@@ -167,8 +188,11 @@ def main(cfg):
             g["lr"] = lr
         B = cfg.batch_size // world  # every rank the same share: DDP's gradient average is the batch mean
         idx = torch.randint(len(tr_c), (B,), generator=gen, device=dev).tolist()
-        s = scores(ddp, [tr_c[i] for i in idx] + [tr_r[i] for i in idx], tok.pad_id)  # (2B,)
+        s, logp, rmask = scores(ddp, [tr_c[i] for i in idx] + [tr_r[i] for i in idx], tok.pad_id, cfg.lik_coef)  # (2B,)
         loss, st = L.bt_loss(s[:B], s[B:])
+        n_tok = all_reduce(rmask[:B].sum()).item() / world  # every rank's right-answer tokens: DDP averages, so / world
+        nll, _ = L.nll_loss(logp[:B], rmask[:B], n_tok)
+        loss = loss + cfg.lm_coef * nll
         if not all_reduce(loss.detach()).isfinite():
             raise UserError(f"non-finite loss at step {step}; last good checkpoint kept in {cfg.out_dir}")
         opt.zero_grad()
@@ -177,11 +201,12 @@ def main(cfg):
         opt.step()
         if step % 50 == 0:
             st = mean_over_ranks({"train/loss": loss.item(), "train/pair_accuracy": st["pair_accuracy"].item(),
-                                  "train/margin": st["margin"].item()})
+                                  "train/margin": st["margin"].item(), "train/nll": nll.item()})
             logger.log({"step": step, **st, "train/grad_norm": gnorm.item(), "train/lr": lr})
             if master:
                 eta = (time.time() - t_train) / step * (cfg.max_iters - step)  # mean step time so far, evals included
                 print(f"step {step:5d}/{cfg.max_iters} | loss {st['train/loss']:.4f} acc {st['train/pair_accuracy']:.3f} "
+                      f"nll {st['train/nll']:.4f} "
                       f"| {fmt_time(time.time() - t0)}, ETA {fmt_time(eta)}", flush=True)
         if master and (step % cfg.eval_interval == 0 or step == cfg.max_iters):
             m = run_eval(step)

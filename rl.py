@@ -49,6 +49,7 @@ from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, eva
                     truncate_metrics, verifier_of, world_size)
 from data.tasks import ensure_data, format_answer, load_records, load_split
 from model import generate, load_checkpoint, model_from_checkpoint, response_forward, save_checkpoint
+from reward_model import rm_scores
 from verify import exact_answer, first_wrong_token, overlong_penalty
 
 # Rollout-side defaults that differ by loss (the loss-side ones live in losses.DEFAULTS): DAPO's
@@ -203,18 +204,17 @@ class RunningMoments:
 
 
 @torch.no_grad()
-def rm_scores(rm, out):
-    """(N,) reward-model score at each sampled response's last token (its EOS when it finished)."""
+def rm_reward(rm, out, lik_coef):
+    """(N,) reward-model score of each sampled response (reward_model.rm_scores: the head at its last
+    token, the EOS when it finished, plus lik_coef times its log-likelihood under the RM's LM head)."""
     rows = 128  # at a time: memory
-    s = torch.cat([rm(out["ids"][i:i + rows], out["offsets"][i:i + rows], return_scalar=True)[1]
-                   for i in range(0, out["ids"].size(0), rows)])  # (N, T)
-    last = out["prompt_len"] + out["response_mask"][:, out["prompt_len"]:].sum(1) - 1  # (N,)
-    return s[torch.arange(s.size(0), device=s.device), last]
+    return torch.cat([rm_scores(rm, out["ids"][i:i + rows], out["response_mask"][i:i + rows], out["offsets"][i:i + rows],
+                                lik_coef)[0] for i in range(0, out["ids"].size(0), rows)])
 
 
 def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None):
     """G samples for each problem in idx -> dict of tensors, rewards and per-row facts. `correct` is
-    the task's verifier (default exact_answer); with rm = (reward model, RunningMoments) the reward is
+    the task's verifier (default exact_answer); with rm = (reward model, RunningMoments, lik_coef) the reward is
     the RM's (normalised) score instead."""
     prompts = encode_prompts(tok, [problems[i][0] for i in idx], reverse)
     n = max(1, cfg.micro_batch_size // cfg.group_size)  # prompts per generate call: memory, one prefill each
@@ -238,7 +238,7 @@ def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None
                first_wrong=torch.tensor(first_wrong, device=dev), length=torch.tensor(lengths, dtype=torch.float, device=dev),
                finished=torch.tensor(finished, device=dev))
     if rm is not None:
-        raw = rm_scores(rm[0], out)  # (N,)
+        raw = rm_reward(rm[0], out, rm[2])  # (N,)
         if cfg.rm_normalize:
             rm[1].update(raw)
         score = rm[1].normalize(raw) if cfg.rm_normalize else raw
@@ -545,7 +545,8 @@ def main(cfg):
         rm_model, rm_tok = model_from_checkpoint(rm_ckpt, cfg.rm_ckpt)
         if rm_tok.to_dict() != tok.to_dict():
             raise UserError(f"{cfg.rm_ckpt}: the reward model's tokenizer differs from the policy's ({cfg.sft_ckpt})")
-        rm = (rm_model.to(dev).eval().requires_grad_(False), RunningMoments())
+        lik_coef = rm_ckpt.get("config", {}).get("lik_coef", 0.0)  # how the RM was trained to score
+        rm = (rm_model.to(dev).eval().requires_grad_(False), RunningMoments(), lik_coef)
     ref = copy.deepcopy(model).eval().requires_grad_(False)  # frozen reference, never updated
     model.eval()  # dropout off for every log-prob (SPEC §9.5); there is no other train-mode layer
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99))

@@ -35,14 +35,22 @@ def test_reward_model_trains_and_reports_per_kind(rm_ckpt):
     assert [r["step"] for r in rows if "eval/pair_accuracy" in r] == [0, 20]
 
 
-def test_rm_scores_read_the_last_response_token():
+def test_rm_score_is_the_head_at_eos_plus_the_answer_log_likelihood():
+    """s = head(h at the last response token) + lik_coef * sum_t log p(answer token t), by hand per
+    unpadded row; rl.py's left-padded rollout rows score the same as reward_model.py's right-padded ones."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=16, n_layer=1, n_head=2, n_embd=16, scalar_head=True)).eval()
     rows = [([3, 4, 5], [6, 1]), ([3, 4], [7, 8, 1])]
-    s = reward_model.scores(model, rows, 0)
-    for i, (p, r) in enumerate(rows):  # each row alone, no padding: the head at its last token
-        _, full = model(torch.tensor([p + r]), return_scalar=True)
-        assert s[i].item() == pytest.approx(full[0, -1].item(), abs=1e-6)
+    for coef in (0.0, 0.5):
+        s, logp, mask = reward_model.scores(model, rows, 0, coef)
+        for i, (p, r) in enumerate(rows):  # each row alone, no padding
+            logits, full = model(torch.tensor([p + r]), return_scalar=True)
+            lp = torch.log_softmax(logits[0, len(p) - 1:-1], -1)[torch.arange(len(r)), torch.tensor(r)]  # (len(r),)
+            assert s[i].item() == pytest.approx(full[0, -1].item() + coef * lp.sum().item(), abs=1e-5)
+            assert torch.allclose(logp[i][mask[i].bool()], lp, atol=1e-5)
+    rollout = {"ids": torch.tensor([[3, 4, 5, 6, 1, 0], [0, 3, 4, 7, 8, 1]]), "offsets": torch.tensor([0, 1]),
+               "response_mask": torch.tensor([[0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1]])}  # prompts left-padded to 3
+    assert torch.allclose(rl.rm_reward(model, rollout, 0.5), s, atol=1e-5)
 
 
 def test_only_ppo_trains_a_value_head(sft_ckpt, tmp_path, varied_reward):  # noqa: F811
