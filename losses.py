@@ -125,6 +125,12 @@ def kl_in_reward(score, logp, ref_logp, mask, beta):
     return rewards
 
 
+def prefix_prob(logp):
+    """(B, T) the policy's probability of the tokens sampled before each position,
+    pi(y_<t | x) = exp(sum_{j<t} logp_j): 1 at the first response token."""
+    return torch.exp(F.pad(logp, (1, 0))[:, :-1].cumsum(1))
+
+
 def masked_var(x, mask):
     """Population variance of x over the masked entries (0-d)."""
     return masked_mean((x - masked_mean(x, mask)) ** 2, mask)

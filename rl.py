@@ -299,11 +299,18 @@ def advantages(cfg, batch, hp, ref_logp):
 
 def policy_logps(model, ids, offsets, full_mask, P, temperature, values=False, G=1):
     """Trainer-side log-probs of the response tokens (N, L), the logits that score them (N, L, V), and
-    with values=True the value head at the same positions (N, L): V_t, the state before token t.
+    with values=True PPO's values at the same positions (N, L): V_t for the state before token t,
+        V_t = head(h_t) * pi(y_<t | x)   (the policy's probability of the tokens sampled so far, detached)
+    An exact-match return is 0 once a token is wrong, and how likely the policy found the path it took
+    is the best predictor of that we measured: a linear head on h_t alone explains 15% of the returns'
+    variance on unseen prompts, times pi(y_<t | x) 34% (bench/value_probe.py).
     G > 1: rows come in groups of G sharing a prompt (a rollout), and each prompt runs once."""
     out = response_forward(model, ids, offsets, P, G, return_scalar=values)
     logits, v = out if values else (out, None)
-    return L.token_logps(logits, ids[:, P:], full_mask[:, P:], temperature), logits, v
+    logp = L.token_logps(logits, ids[:, P:], full_mask[:, P:], temperature)  # (N, L)
+    if values:
+        v = v * L.prefix_prob(logp.detach())
+    return logp, logits, v
 
 
 def collect(model, tok, train, prompts, cfg, gen, reverse, dyn, rm=None, verifier=None):

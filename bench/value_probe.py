@@ -7,7 +7,8 @@ Samples G = 16 answers for each of `prompts` train prompts from the SFT policy (
 new tokens), takes the trunk's final hidden state at every response position (what PPO's value head
 reads) and the sequence's verifier reward as every position's return (gamma 1, no KL). Prints the
 explained variance of: each prompt's mean return (a critic that knew each problem's difficulty), a
-ridge-regression linear head, a 2-layer MLP head on those features, and a separate critic (a copy of
+ridge-regression linear head, the same head times pi(y_<t | x), the policy's probability of the
+tokens it sampled before each position (rl.py's PPO value), a 2-layer MLP head on the features, and a separate critic (a copy of
 the whole SFT model with a zero-initialised head, every weight trained on the value loss, lr 3e-4, 300
 steps of 64 prompts x 16 answers), each fitted on 3/4 of the prompts and reported on them and on the
 other 1/4. About 2 minutes on 2 CPU cores.
@@ -19,7 +20,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from common import encode_prompts, score_samples  # noqa: E402
-from losses import explained_variance  # noqa: E402
+from losses import explained_variance, prefix_prob, token_logps  # noqa: E402
 from data.tasks import load_split  # noqa: E402
 from model import generate, load_checkpoint, model_from_checkpoint, response_forward  # noqa: E402
 
@@ -37,7 +38,7 @@ model.score_head.register_forward_hook(lambda mod, inp, out: feats.update(x=inp[
 train = load_split(ckpt["config"].get("task", "mul"), "train")
 gen = torch.Generator().manual_seed(1)
 picked = [train[i] for i in torch.randperm(len(train), generator=gen)[:n].tolist()]
-X, Y, pid, batches = [], [], [], []
+X, Y, pid, path, batches = [], [], [], [], []
 with torch.no_grad():
     for c in range(0, n, 64):
         chunk = picked[c:c + 64]
@@ -45,13 +46,14 @@ with torch.no_grad():
                        temperature=1.0, generator=gen)
         R = torch.tensor([r for r, _ in score_samples(tok, out, [a for _, a in chunk for _ in range(G)], reverse)])  # (N,)
         P = out["prompt_len"]
-        response_forward(model, out["ids"], out["offsets"], P, return_scalar=True)
+        logits = response_forward(model, out["ids"], out["offsets"], P, return_scalar=True)[0]  # (N, L, V)
         m = out["response_mask"][:, P:].bool()  # (N, L)
+        path.append(prefix_prob(token_logps(logits, out["ids"][:, P:], m))[m].double())  # pi(y_<t | x)
         batches.append((out["ids"], out["offsets"], P, m, R.float()))
         X.append(feats["x"][:, P - 1:-1][m])  # (tokens, C) the state before each response token
         Y.append(R[:, None].expand_as(m)[m].double())
         pid.append((torch.arange(len(chunk)) + c).repeat_interleave(G)[:, None].expand_as(m)[m])
-X, Y, pid = torch.cat(X).double(), torch.cat(Y), torch.cat(pid)
+X, Y, pid, path = torch.cat(X).double(), torch.cat(Y), torch.cat(pid), torch.cat(path)
 fit, held = pid < n * 3 // 4, pid >= n * 3 // 4
 
 
@@ -62,9 +64,10 @@ def ev(pred, s):
 mean = torch.zeros(n, dtype=torch.double).index_add_(0, pid, Y) / torch.bincount(pid, minlength=n).double()
 print(f"{len(Y)} response tokens, accuracy {Y.mean():.3f}")
 print(f"each prompt's mean return (a critic that knows the difficulty): {ev(mean[pid], slice(None)):.3f}")
-Xb = torch.cat([X, torch.ones(len(X), 1, dtype=torch.double)], 1)
-w = torch.linalg.solve(Xb[fit].T @ Xb[fit] + 0.1 * torch.eye(Xb.shape[1], dtype=torch.double), Xb[fit].T @ Y[fit])
-print(f"linear head (ridge): fitted prompts {ev(Xb @ w, fit):.3f}, unseen prompts {ev(Xb @ w, held):.3f}")
+for name, Z in (("linear head", X), ("linear head x pi(y_<t | x), rl.py's PPO value", X * path[:, None])):
+    Zb = torch.cat([Z, path[:, None] if Z is not X else torch.ones(len(X), 1, dtype=torch.double)], 1)  # the head's bias (times pi)
+    w = torch.linalg.solve(Zb[fit].T @ Zb[fit] + 0.1 * torch.eye(Zb.shape[1], dtype=torch.double), Zb[fit].T @ Y[fit])
+    print(f"{name} (ridge): fitted prompts {ev(Zb @ w, fit):.3f}, unseen prompts {ev(Zb @ w, held):.3f}")
 torch.manual_seed(0)
 mlp = torch.nn.Sequential(torch.nn.Linear(X.shape[1], 256), torch.nn.GELU(), torch.nn.Linear(256, 1)).double()
 opt = torch.optim.Adam(mlp.parameters(), lr=1e-3)

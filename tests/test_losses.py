@@ -6,7 +6,7 @@ import torch
 
 from losses import (BASELINES, DEFAULTS, LOSSES, PREF_LOSSES, adaptive_beta, bt_loss, clip_objective, cliff_advantages, gae, gapo_eps_high,
                     group_advantages, kl_estimate, kl_in_reward, masked_mean, masked_sum,
-                    nll_loss, resolve_hparams, response_logps, sequence_ratio, token_entropy, whiten, explained_variance)
+                    nll_loss, prefix_prob, resolve_hparams, response_logps, sequence_ratio, token_entropy, whiten, explained_variance)
 
 # the reference batch: two right-padded responses of lengths 3 and 2
 LOGP = [[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]]
@@ -218,6 +218,11 @@ def test_gae(lam, expected):
     assert torch.allclose(adv[0, :4], torch.tensor(expected), atol=1e-6)
     assert torch.equal(adv[:, 4:], torch.zeros(2, 2))
     assert torch.allclose(returns[0, :4], adv[0, :4] + values[0, :4])
+
+
+def test_prefix_prob_is_the_probability_of_the_tokens_before_each_position():
+    logp = torch.log(torch.tensor([[0.5, 0.2, 1.0, 0.9], [0.25, 1.0, 1.0, 1.0]]))
+    assert torch.allclose(prefix_prob(logp), torch.tensor([[1.0, 0.5, 0.1, 0.1], [1.0, 0.25, 0.25, 0.25]]))
 
 
 def test_kl_estimators():

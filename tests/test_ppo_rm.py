@@ -64,6 +64,21 @@ def test_only_ppo_trains_a_value_head(sft_ckpt, tmp_path, varied_reward):  # noq
     assert res["model"].score_head is None
 
 
+def test_ppo_value_is_the_head_times_the_policy_probability_of_the_path_so_far():
+    """V_t = head(h_t) * pi(y_<t | x): exactly the head at the first response token, and detached from
+    the policy's log-probs (the value loss never pushes on the log-probs through the path probability)."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(block_size=16, vocab_size=16, n_layer=1, n_head=2, n_embd=16, scalar_head=True))
+    ids, P = torch.tensor([[3, 4, 5, 6, 7, 1], [0, 3, 4, 8, 1, 0]]), 3
+    offsets, mask = torch.tensor([0, 1]), torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 0]])
+    logp, _, v = rl.policy_logps(model, ids, offsets, mask, P, 1.0, values=True)
+    _, head = model(ids, offsets, return_scalar=True)
+    head = head[:, P - 1:-1]  # (2, 3) the state before each response token
+    assert torch.allclose(v, head * torch.exp(torch.nn.functional.pad(logp, (1, 0))[:, :-1].cumsum(1)), atol=1e-6)
+    assert torch.allclose(v[:, 0], head[:, 0], atol=1e-6)
+    assert torch.autograd.grad(v.sum(), logp, allow_unused=True)[0] is None
+
+
 def test_adaptive_kl_controller_moves_beta(sft_ckpt, tmp_path, varied_reward):  # noqa: F811
     """At step 1 the policy is the reference: KL 0 is below any target, so beta shrinks by the
     controller's largest step, 1 - 0.2 * (rollout rows) / 10000."""
