@@ -6,7 +6,7 @@ the right answer scores above a wrong one, -log sigmoid(s_chosen - s_rejected) (
 
 plus lm_coef * the NLL of the right answers, so the trunk keeps learning the task while the head trains
 (an LM regulariser as in GRM, Yang et al. 2024). Why the likelihood term: the head alone (lik_coef=0)
-checks answers only as far as the trunk has memorised them (held-out pair accuracy 0.84, and chance on
+checks answers only as far as the trunk has memorised them (held-out pair accuracy 0.85, and chance on
 the SFT policy's own mistakes), while the trunk's log-likelihood separates the documented wrong answers
 before any training and, as the NLL carries the trunk past the policy, the policy's mistakes too.
 
