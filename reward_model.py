@@ -19,7 +19,8 @@ Training pairs: data/<task>/pairs_train.jsonl (right answer vs a plausible wrong
 documented kinds, SPEC §2) plus "policy" pairs: `policy_samples` answers sampled per train prompt
 from the SFT policy, each wrong one paired with the right answer (the mistakes PPO will meet).
 Held-out: `eval/pair_accuracy` on the test-split pairs (and per kind), `eval/policy_pair_accuracy`
-on wrong answers the SFT policy samples for test prompts; `val/pair_accuracy` picks best.pt.
+on wrong answers the SFT policy samples for test prompts; the mean of the same two on the val split
+(`val/pair_accuracy`, `val/policy_pair_accuracy`) picks best.pt.
 """
 import os
 import time
@@ -148,13 +149,15 @@ def main(cfg):
               f"{cfg.policy_samples} per train prompt ...", flush=True)
     ev_c, ev_r = policy_pairs(model, tok, test, reverse, cfg.eval_policy_samples, cfg, torch.Generator(dev).manual_seed(cfg.seed + 1)) \
         if master else ([], [])
+    vp_c, vp_r = policy_pairs(model, tok, load_problems(root / "val.txt"), reverse, cfg.eval_policy_samples, cfg,
+                              torch.Generator(dev).manual_seed(cfg.seed + 2)) if master else ([], [])
     if cfg.policy_samples:
         train = load_problems(root / "train.txt")[rank::world]  # this rank's share of the train prompts
         pc, pr = policy_pairs(model, tok, train, reverse, cfg.policy_samples, cfg, gen)
         tr_c, tr_r, tr_k = tr_c + pc, tr_r + pr, tr_k + ["policy"] * len(pc)
     if master:
         print(f"{len(tr_c)} train pairs ({tr_k.count('policy')} from policy samples), {len(te_c)} test pairs, "
-              f"{len(ev_c)} test pairs with policy-sampled wrong answers ({time.time() - t0:.0f}s)", flush=True)
+              f"{len(ev_c)} test / {len(vp_c)} val pairs with policy-sampled wrong answers ({time.time() - t0:.0f}s)", flush=True)
         if not ev_c:
             raise UserError("the SFT policy sampled no wrong answer on the test split; nothing to evaluate the RM on")
 
@@ -169,12 +172,15 @@ def main(cfg):
         m = {f"eval/pair_accuracy{k}": v for k, v in doc.items()}
         m["eval/policy_pair_accuracy"] = pair_accuracy(model, ev_c, ev_r, tok.pad_id, cfg.lik_coef)[""]
         m["val/pair_accuracy"] = pair_accuracy(model, va_c, va_r, tok.pad_id, cfg.lik_coef)[""]
+        if vp_c:  # best.pt: the mean of the documented and the policy-sampled val pairs (the ones PPO meets)
+            m["val/policy_pair_accuracy"] = pair_accuracy(model, vp_c, vp_r, tok.pad_id, cfg.lik_coef)[""]
+        sel = (m["val/pair_accuracy"] + m.get("val/policy_pair_accuracy", m["val/pair_accuracy"])) / 2
         logger.log({"step": step, **m})
         print(f"step {step:5d} | eval " + " ".join(f"{k} {v:.4f}" for k, v in m.items()) +
               f" | {time.time() - t0:.0f}s", flush=True)
         conf = {**asdict(cfg), "task": task, "reverse": reverse}
-        if m["val/pair_accuracy"] > best:
-            best = m["val/pair_accuracy"]
+        if sel > best:
+            best = sel
             save_checkpoint(os.path.join(cfg.out_dir, "best.pt"), model, opt, conf, step, tok, best_val=best)
         save_checkpoint(os.path.join(cfg.out_dir, "ckpt.pt"), model, opt, conf, step, tok, best_val=best)
         return m

@@ -29,6 +29,7 @@ def test_reward_model_trains_and_reports_per_kind(rm_ckpt):
     kinds = ["carry", "last_digit", "length", "neighbour", "swap"]
     assert all(0 <= m[f"eval/pair_accuracy/{k}"] <= 1 for k in kinds)
     assert 0 <= m["eval/policy_pair_accuracy"] <= 1 and 0 <= m["val/pair_accuracy"] <= 1
+    assert 0 <= m["val/policy_pair_accuracy"] <= 1
     ck = load_checkpoint(path)
     assert ck["model_args"]["scalar_head"] and ck["step"] == 20
     rows = [json.loads(l) for l in open(out / "metrics.jsonl")]
