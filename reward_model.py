@@ -61,7 +61,7 @@ class Config:
     wandb_group: str = ""  # runs of one experiment
 
 
-def rm_scores(model, ids, response_mask, offsets=None, lik_coef=0.0):
+def rm_scores(model, ids, response_mask, offsets, lik_coef):
     """Reward-model score of each row of ids (N, T) whose response tokens response_mask (N, T) marks:
         s(x, y) = head(h at y's last token, the EOS of a finished answer) + lik_coef * sum_t log p(y_t | x, y_<t)
     the scalar head plus lik_coef times the answer's log-likelihood under the model's own LM head.
@@ -72,11 +72,11 @@ def rm_scores(model, ids, response_mask, offsets=None, lik_coef=0.0):
     return s[torch.arange(len(ids), device=ids.device), last] + lik_coef * logp.sum(1), logp
 
 
-def scores(model, rows, pad_id, lik_coef=0.0):
+def scores(model, rows, pad_id, lik_coef):
     """rm_scores of [(prompt ids, response ids)] rows -> scores (N,), log-probs (N, T-1), their mask (N, T-1)."""
     dev = next(model.parameters()).device
     ids, mask = (t.to(dev) for t in pack(rows, pad_id))
-    return *rm_scores(model, ids, mask, lik_coef=lik_coef), mask[:, 1:]
+    return *rm_scores(model, ids, mask, None, lik_coef), mask[:, 1:]
 
 
 @torch.no_grad()

@@ -64,8 +64,9 @@ def ev(pred, s):
 mean = torch.zeros(n, dtype=torch.double).index_add_(0, pid, Y) / torch.bincount(pid, minlength=n).double()
 print(f"{len(Y)} response tokens, accuracy {Y.mean():.3f}")
 print(f"each prompt's mean return (a critic that knows the difficulty): {ev(mean[pid], slice(None)):.3f}")
-for name, Z in (("linear head", X), ("linear head x pi(y_<t | x), rl.py's PPO value", X * path[:, None])):
-    Zb = torch.cat([Z, path[:, None] if Z is not X else torch.ones(len(X), 1, dtype=torch.double)], 1)  # the head's bias (times pi)
+for name, Z, bias in (("linear head", X, torch.ones_like(path)),
+                      ("linear head x pi(y_<t | x), rl.py's PPO value", X * path[:, None], path)):  # bias: the head's, times pi
+    Zb = torch.cat([Z, bias[:, None]], 1)
     w = torch.linalg.solve(Zb[fit].T @ Zb[fit] + 0.1 * torch.eye(Zb.shape[1], dtype=torch.double), Zb[fit].T @ Y[fit])
     print(f"{name} (ridge): fitted prompts {ev(Zb @ w, fit):.3f}, unseen prompts {ev(Zb @ w, held):.3f}")
 torch.manual_seed(0)
