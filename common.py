@@ -121,6 +121,22 @@ def all_reduce(x, op="sum"):
     return x
 
 
+def sync_grads(model):
+    """Sum every parameter's gradient over ranks (nothing on one process). The losses divide by the
+    global token/sequence counts, so the sum is the whole batch's gradient, whatever number of
+    micro-batches (backward calls) each rank ran: unlike DDP's all-reduce inside every backward,
+    ranks with uneven work cannot deadlock. A parameter no rank gave a gradient keeps None."""
+    if not torch.distributed.is_initialized():
+        return
+    params = [p for p in model.parameters() if p.requires_grad]
+    has = all_reduce([float(p.grad is not None) for p in params], "max")
+    live = [p for p, h in zip(params, has.tolist()) if h]
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).flatten() for p in live])
+    torch.distributed.all_reduce(flat)
+    for p, g in zip(live, flat.split([p.numel() for p in live])):
+        p.grad = g.view_as(p)
+
+
 def mean_over_ranks(stats):
     """The numeric values of a metrics dict averaged over ranks (same keys on every rank)."""
     keys = sorted(k for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool))
@@ -407,8 +423,10 @@ def score_samples(tok, out, gold, reverse, verifier=exact_answer):
 
 
 def grade(tok, ids, gold, reverse, verifier=exact_answer):
-    """Reward of one response (its sampled token ids): the verifier's score if it emitted EOS,
-    0 for a truncated response whatever its text."""
-    finished = len(ids) > 0 and ids[-1] == tok.eos_id
-    return verifier(tok.decode(ids), gold, reverse=reverse) if finished else 0.0
+    """Reward of one response (its sampled token ids): the verifier's score of its text if it ended
+    with EOS, 0 for a truncated response whatever its text, and 0 when a special token (PAD, a
+    second EOS) comes before the end: decode drops those, so "10<pad>81" would read as "1081"."""
+    if not ids or ids[-1] != tok.eos_id or any(i in tok.special_ids for i in ids[:-1]):
+        return 0.0
+    return verifier(tok.decode(ids[:-1]), gold, reverse=reverse)
 

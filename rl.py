@@ -10,8 +10,8 @@ Reinforcement learning from the SFT checkpoint: any loss of losses.LOSSES or los
 One step: pick train prompts -> G samples each with the KV-cache sampler -> rewards (binary exact
 match from verify.py, or `--reward=rm` a reward model's score) -> advantages (the loss's kind; PPO:
 GAE on its value head) -> reference log-probs (only when a KL term needs them) -> `ppo_epochs` x
-`minibatches` clipped updates. Dynamic sampling (on by default) drops groups whose rewards are all
-equal and refills the batch with new prompts.
+`minibatches` clipped updates. Dynamic sampling (on by default) drops groups whose answers are all
+right or all wrong (`--reward=rm`: whose scores are equal) and refills the batch with new prompts.
 The sampler's log-probs are the old log-probs (same tempered distribution, dropout off), so nothing
 is recomputed; `rl/logp_mismatch` checks that the trainer agrees at the first update. The reference,
 value and update forwards run each prompt once for its G rows (model.response_forward), and the
@@ -46,10 +46,11 @@ import torch
 import losses as L
 from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, evaluate, fmt_time, gather_objects, grade,
                     init_distributed, mean_over_ranks, nonfinite, pack, pass_k_name, print_config, record_rows, resolve_device, run_cli,
-                    truncate_metrics, verifier_of, world_size)
+                    sync_grads, truncate_metrics, verifier_of, world_size)
 from data.tasks import ensure_data, format_answer, load_records, load_split
-from model import generate, load_checkpoint, model_from_checkpoint, response_forward, save_checkpoint
+from model import ckpt_settings, generate, load_checkpoint, model_from_checkpoint, response_forward, save_checkpoint
 from reward_model import rm_scores
+from tokenizer import CharTokenizer
 from verify import exact_answer, first_wrong_token, overlong_penalty
 
 # Rollout-side defaults that differ by loss (the loss-side ones live in losses.DEFAULTS): DAPO's
@@ -147,6 +148,13 @@ def check_config(cfg):
     for k in ("eps_low", "eps_high", "beta"):
         if getattr(cfg, k) is not None and getattr(cfg, k) < 0:
             raise UserError(f"{k} must be >= 0, got {getattr(cfg, k)}")
+    if cfg.clip_c is not None and cfg.clip_c <= 1:  # c = 0.5 at r = 1, A = -1 would turn PPO's -1 into -0.5
+        raise UserError(f"clip_c must be > 1 (dual clip bounds the objective below at clip_c*A for A < 0; "
+                        f"3 is usual), or unset (off); got {cfg.clip_c}")
+    one_step = cfg.loss in ("reinforce", "rloo") or cfg.loss in L.PREF_LOSSES or cfg.loss in L.BASELINES
+    if one_step and (cfg.ppo_epochs > 1 or cfg.minibatches > 1):
+        raise UserError(f"{cfg.loss} takes one optimizer step per batch (a second one would be off-policy with no "
+                        f"importance weight): ppo_epochs and minibatches must be 1")
 
 
 def overlong_window(cfg):
@@ -314,15 +322,18 @@ def policy_logps(model, ids, offsets, full_mask, P, temperature, values=False, G
 
 
 def collect(model, tok, train, prompts, cfg, gen, reverse, dyn, rm=None, verifier=None):
-    """Rollouts for one step: P prompts x G samples; dynamic sampling drops all-equal groups and
-    refills (up to max_refills more rounds). Returns (batch or None, stats)."""
+    """Rollouts for one step: P prompts x G samples; dynamic sampling drops the groups with no
+    signal and refills (up to max_refills more rounds): with the verifier, groups whose answers are
+    all right or all wrong (DAPO keeps 0 < accuracy < 1, as verl's recipe; the overlong shaping of an
+    all-wrong group may still differ), with a reward model, groups of equal scores.
+    Returns (batch or None, stats)."""
     parts, n_groups, n_sampled, n_zero_std = [], 0, 0, 0
     for _ in range(1 + (cfg.max_refills if dyn else 0)):
         idx = prompts.take(cfg.prompts_per_step - n_groups)
         out = rollout(model, tok, train, idx, cfg, gen, reverse, rm, verifier)
-        R = out["reward"].view(-1, cfg.group_size)
+        R = (out["correct"] if rm is None else out["reward"]).view(-1, cfg.group_size)  # (groups, G)
         prompts.record(idx, out["correct"].view(-1, cfg.group_size))
-        zero_std = R.max(1).values == R.min(1).values  # (groups,) all-equal rewards
+        zero_std = R.max(1).values == R.min(1).values  # (groups,) no signal
         n_sampled, n_zero_std = n_sampled + len(idx), n_zero_std + int(zero_std.sum())
         if dyn:
             out = select_groups(out, ~zero_std, cfg.group_size)
@@ -349,9 +360,9 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     by the token/sequence counts of its own minibatch, also when its gradient is accumulated over
     micro-batches of micro_batch_size rows. Rows come in groups of G sharing a prompt, and every
     forward runs each prompt once (model.response_forward). Raises FloatingPointError on a NaN/inf.
-    Under DDP (model wrapped, this rank's groups in batch) the counts are summed over ranks and the
-    loss is multiplied by world_size, so DDP's gradient average equals one process on all the groups;
-    there each row runs whole (one DDP forward per backward)."""
+    Under DDP (this rank's groups in batch; ranks may hold different numbers) the counts are summed
+    over ranks and so are the gradients (common.sync_grads, once per optimizer step), so the step
+    equals one process on all the groups, and every rank takes exactly ppo_epochs x minibatches steps."""
     raw, world = unwrap(model), world_size()
     ids, offsets, full_mask, P = batch["ids"], batch["offsets"], batch["response_mask"], batch["prompt_len"]
     mask = full_mask[:, P:].float()  # (N, L) response tokens incl. EOS
@@ -376,10 +387,14 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
         return L.LOSSES[cfg.loss](lp, old_logp[r], adv[r], mask[r], ref_logp[r] if ref_logp is not None else None,
                                   n_tokens=n_tokens, n_seqs=n_seqs, **hp, **kw)
 
+    fewest = -int(all_reduce(-N, "max").item())  # rows on the emptiest rank
+    if fewest < cfg.minibatches:
+        raise UserError(f"minibatches={cfg.minibatches} but a rank holds only {fewest} rows this step "
+                        f"(dynamic sampling kept few groups): lower --minibatches")
+    g = G if cfg.minibatches == 1 else 1  # a shuffled minibatch holds no whole groups
     for epoch in range(cfg.ppo_epochs):
         perm = torch.randperm(N, generator=gen, device=gen.device) if cfg.minibatches > 1 else torch.arange(N)
-        for mb in perm.chunk(cfg.minibatches):
-            g = G if cfg.minibatches == 1 and world == 1 else 1  # a shuffled minibatch holds no whole groups
+        for mb in perm.tensor_split(cfg.minibatches):  # exactly minibatches parts (chunk may give fewer)
             n_tokens, n_seqs = all_reduce([mask[mb].sum().item(), float(len(mb))]).tolist()  # every rank's counts
             n_tokens, first, kept, total = max(n_tokens, 1.0), not stats, [], 0.0
             opt.zero_grad()
@@ -388,7 +403,7 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
                 with torch.set_grad_enabled(bool(ppo and hp["ent_coef"])):  # a gradient only for PPO's entropy bonus
                     ent = L.token_entropy(logits, cfg.temperature) if first or (ppo and hp["ent_coef"]) else None
                 loss, st = loss_of(ub, lp, values, ent, n_tokens, n_seqs)
-                (loss * world).backward()
+                loss.backward()
                 total += loss.detach()
                 kept.append([t.detach() if t is not None else None for t in (lp, values, ent)])
             lp, values, ent = (torch.cat(ts) if ts[0] is not None else None for ts in zip(*kept))
@@ -462,9 +477,8 @@ def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
     else:
         n = len(rows) // 2
         loss, st = L.PREF_LOSSES[cfg.loss](pi[:n], pi[n:], ref_lp[:n], ref_lp[n:], chosen_len=length[:n], **hp)
-    n_all = all_reduce(float(len(rows))).item()  # rows on every rank: DDP averages, so x local share
-    world = world_size()
-    gnorm = optimizer_step(raw, opt, loss * (len(rows) * world / n_all), lr, cfg.grad_clip)
+    n_all = all_reduce(float(len(rows))).item()  # rows on every rank: the batch mean over all of them
+    gnorm = optimizer_step(raw, opt, loss * (len(rows) / n_all), lr, cfg.grad_clip)  # ranks' gradients summed
     log_ratio = (pi.detach() - ref_lp).mean().item()  # mean sequence log pi/ref of the batch's answers
     return {**{f"rl/{k}": float(v) for k, v in st.items()}, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(),
             "rl/lr": lr, "rl/log_ratio": log_ratio, "rl/n_seqs": len(rows)}
@@ -485,9 +499,8 @@ def nll_update(model, opt, rows, cfg, lr, pad_id, batch=None):
     dev = next(model.parameters()).device
     ids, mask = (t.to(dev) for t in pack(rows, pad_id))  # (N, T) each
     lp, m = L.response_logps(model(ids), ids, mask)  # (N, T-1) each
-    world = world_size()
     loss, st = L.BASELINES[cfg.loss](lp, m, n_tokens=all_reduce(m.sum().item()).item())  # every rank's tokens
-    gnorm = optimizer_step(unwrap(model), opt, loss * world, lr, cfg.grad_clip)
+    gnorm = optimizer_step(unwrap(model), opt, loss, lr, cfg.grad_clip)
     stats = {**{f"rl/{k}": float(v) for k, v in st.items()}, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(),
              "rl/lr": lr, "rl/n_seqs": len(rows), "rl/n_tokens": m.sum().item()}
     if batch is not None:
@@ -516,9 +529,12 @@ def main(cfg):
     model.to(dev)
     if fresh_head:
         torch.nn.init.zeros_(model.score_head.weight)  # V = 0 everywhere at the start, not noise
-    task, reverse = ckpt["config"].get("task", "mul"), ckpt["config"].get("reverse", False)
-    vname = ckpt["config"].get("verifier", "exact")  # the task's reward (sft.py --verifier)
+    task, reverse, vname = ckpt_settings(ckpt, cfg.sft_ckpt, "task", "reverse", "verifier")  # vname: the task's reward
     task_verifier = verifier_of(vname)
+    if cfg.loss == "cliff" and (vname != "exact" or not isinstance(tok, CharTokenizer)):
+        raise UserError(f"cliff finds the first wrong token against the gold answer's tokens, which only the exact "
+                        f"verifier with the char tokenizer makes unique; this checkpoint has verifier {vname!r} and "
+                        f"a {type(tok).__name__}")
     verifier = None if vname == "exact" else task_verifier  # rollouts: None = exact_answer
     del ckpt  # its weights and SFT optimizer state (~10 MB at the default size) are not needed again
     knobs = ("beta", "eps_low", "eps_high", "kl_estimator", "clip_c", "vf_coef", "vf_clip", "ent_coef", "kl_target", "vf_lr_mult",
@@ -552,7 +568,7 @@ def main(cfg):
         rm_model, rm_tok = model_from_checkpoint(rm_ckpt, cfg.rm_ckpt)
         if rm_tok.to_dict() != tok.to_dict():
             raise UserError(f"{cfg.rm_ckpt}: the reward model's tokenizer differs from the policy's ({cfg.sft_ckpt})")
-        lik_coef = rm_ckpt.get("config", {}).get("lik_coef", 0.0)  # how the RM was trained to score
+        lik_coef, = ckpt_settings(rm_ckpt, cfg.rm_ckpt, "lik_coef")  # how the RM was trained to score
         rm = (rm_model.to(dev).eval().requires_grad_(False), RunningMoments(), lik_coef)
     ref = copy.deepcopy(model).eval().requires_grad_(False)  # frozen reference, never updated
     model.eval()  # dropout off for every log-prob (SPEC §9.5); there is no other train-mode layer
@@ -572,8 +588,7 @@ def main(cfg):
         kind = "kto" if cfg.loss == "kto" else "pairs"
         recs = load_records(root / f"{kind}_train.jsonl", kind)[rank::world]
         records = PromptSampler(len(recs), torch.Generator().manual_seed(seed + 2), selection=False)
-    fwd = torch.compile(model) if cfg.compile else model
-    ddp = torch.nn.parallel.DistributedDataParallel(fwd) if world > 1 else fwd  # all-reduces gradients in backward
+    fwd = torch.compile(model) if cfg.compile else model  # under DDP, common.sync_grads sums the gradients
     amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.bf16 if cfg.bf16 is not None else dev.type == "cuda")
     ckpt_path, best, start, m0, m = os.path.join(out_dir, "ckpt.pt"), -1.0, 0, None, None
     t_train, next_eval_t = 0.0, cfg.eval_seconds  # training time so far (evals excluded); next timed eval
@@ -672,9 +687,9 @@ def main(cfg):
             if batch is not None or rows is not None:
                 try:
                     with amp:
-                        stats.update(pref_update(ddp, ref, opt, tok, rows, labels, cfg, hp, lr) if pref
-                                     else nll_update(ddp, opt, rows, cfg, lr, tok.pad_id, batch) if base
-                                     else update(ddp, ref, opt, batch, cfg, hp, gen, lr))
+                        stats.update(pref_update(fwd, ref, opt, tok, rows, labels, cfg, hp, lr) if pref
+                                     else nll_update(fwd, opt, rows, cfg, lr, tok.pad_id, batch) if base
+                                     else update(fwd, ref, opt, batch, cfg, hp, gen, lr))
                 except FloatingPointError as e:
                     raise UserError(f"step {step + 1}: non-finite {e}; stopped, last good checkpoint kept at {ckpt_path}") from None
             stats = mean_over_ranks(stats)
@@ -760,7 +775,8 @@ def unwrap(model):
 
 
 def optimizer_step(model, opt, loss, lr, grad_clip, backward=True):
-    """Backward (backward=False: the caller accumulated the gradients, loss is their total), refuse a
+    """Backward (backward=False: the caller accumulated the gradients, loss is their total), sum the
+    gradients over DDP ranks (each rank's loss divides by the global counts), refuse a
     NaN/inf (FloatingPointError naming the tensor), clip, step at lr (times a param group's lr_scale,
     the PPO value head's). Returns the gradient norm before clipping."""
     for g in opt.param_groups:
@@ -768,6 +784,7 @@ def optimizer_step(model, opt, loss, lr, grad_clip, backward=True):
     if backward:
         opt.zero_grad()
         loss.backward()
+    sync_grads(model)  # DDP: every rank's gradients summed, so every rank takes the same step
     gnorm = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
     if not (torch.isfinite(loss) and torch.isfinite(gnorm)):  # a finite norm means every gradient is finite
         raise FloatingPointError(nonfinite(loss, model))

@@ -2,6 +2,7 @@
 1 process on the whole batch (global token/sequence normalisers), and a rank that dies makes the
 other exit with one clear line in bounded time, rank 0 alone writing files."""
 import copy
+import json
 import os
 import socket
 import subprocess
@@ -27,57 +28,80 @@ def free_port():
 
 
 def rollout_batch():
-    """A real sampled rollout of 4 groups of G from a tiny random model, with varied 0/1 rewards."""
+    """A real sampled rollout of 4 groups of G from a tiny random model (with a value head, for PPO),
+    with varied 0/1 rewards."""
     torch.manual_seed(0)
     tok = CharTokenizer("0123456789+*=-")
-    model = GPT(GPTConfig(block_size=24, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16))
+    model = GPT(GPTConfig(block_size=24, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16, scalar_head=True))
     prompts = [tok.encode(p) for p in ("12*3=", "4*56=", "7*8=", "91*2=")]
     g = torch.Generator().manual_seed(1)
     out = generate(model, prompts, 6, tok.eos_id, tok.pad_id, G=G, temperature=1.0, generator=g)
     reward = torch.tensor([1., 0, 0, 1, 0, 0, 0, 1, 1, 1, 0, 1, 0, 1, 0, 0])  # (N,) every group mixed
     out.update(reward=reward, correct=reward, first_wrong=torch.full((16,), -1),
                length=out["response_mask"].sum(1).float(), finished=torch.ones(16, dtype=torch.bool))
-    return model, out
+    return model, tok, out
 
 
-def one_update(model, batch, loss):
-    cfg = rl.Config(loss=loss, group_size=G, max_new_tokens=6)
+def one_update(model, tok, batch, loss, **kw):
+    """One rl.py update of `loss` on batch (a rollout, or for dpo/sft the rows it gives); returns the
+    optimizer, whose state counts the steps taken."""
+    cfg = rl.Config(loss=loss, group_size=G, max_new_tokens=6, **kw)
     hp = L.resolve_hparams(loss, **({"max_new_tokens": 6} if "max_new_tokens" in L.DEFAULTS[loss] else {}))
-    ref = copy.deepcopy(getattr(model, "module", model)).requires_grad_(False)
-    opt = getattr(model, "module", model).configure_optimizer(1e-2, 0.0, (0.9, 0.99))
-    rl.update(model, ref, opt, batch, cfg, hp, torch.Generator().manual_seed(0), 1e-2)
+    ref = copy.deepcopy(model).requires_grad_(False)
+    opt = model.configure_optimizer(1e-2, 0.0, (0.9, 0.99))
+    if loss == "dpo":
+        rl.pref_update(model, ref, opt, tok, rl.online_rows(batch, G), None, cfg, hp, 1e-2)
+    elif loss == "sft":
+        rl.nll_update(model, opt, rl.sample_rows(batch, range(batch["ids"].size(0))), cfg, 1e-2, tok.pad_id)
+    else:
+        rl.update(model, ref, opt, batch, cfg, hp, torch.Generator().manual_seed(0), 1e-2)
+    return opt
 
 
-LOSSES = ["grpo", "dapo", "dr_grpo"]
+# (name, loss, rank owning each of the 4 groups, Config overrides). Uneven: rank 0 holds 3 groups in 3
+# micro-batches, rank 1 one group in one (DDP's all-reduce in every backward deadlocked here).
+CASES = [("grpo", "grpo", [0, 0, 1, 1], {}), ("dapo", "dapo", [0, 0, 1, 1], {}), ("dr_grpo", "dr_grpo", [0, 0, 1, 1], {}),
+         ("grpo_uneven", "grpo", [0, 0, 0, 1], dict(micro_batch_size=G)),
+         ("dapo_uneven", "dapo", [0, 1, 0, 0], dict(micro_batch_size=G)),
+         ("dpo_uneven", "dpo", [0, 0, 0, 1], {}), ("sft_uneven", "sft", [0, 0, 0, 1], {})]
 
 
 def ddp_worker(rank, world, port, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
     from common import init_distributed
-    init_distributed(torch.device("cpu"))
-    for loss in LOSSES:
-        model, batch = rollout_batch()
-        keep = torch.arange(4) // 2 == rank  # rank 0: groups 0-1, rank 1: groups 2-3 (a group is never split)
-        one_update(torch.nn.parallel.DistributedDataParallel(model), rl.select_groups(batch, keep, G), loss)
+    init_distributed(torch.device("cpu"), timeout_s=60)
+    for name, loss, owner, kw in CASES:
+        model, tok, batch = rollout_batch()
+        one_update(model, tok, rl.select_groups(batch, torch.tensor(owner) == rank, G), loss, **kw)
         if rank == 0:
-            torch.save(model.state_dict(), os.path.join(out_dir, f"{loss}.pt"))
+            torch.save(model.state_dict(), os.path.join(out_dir, f"{name}.pt"))
+    # minibatches=3 on 12 rows and on 4: each rank takes exactly 3 optimizer steps, the same ones
+    model, tok, batch = rollout_batch()
+    opt = one_update(model, tok, rl.select_groups(batch, torch.tensor([0, 0, 0, 1]) == rank, G), "grpo", minibatches=3)
+    steps = {int(s["step"]) for s in opt.state.values()}
+    torch.save({"steps": steps, "model": model.state_dict()}, os.path.join(out_dir, f"minibatches{rank}.pt"))
     torch.distributed.destroy_process_group()
 
 
-def test_two_ranks_on_halves_equal_one_process_on_the_whole_batch(tmp_path):
-    """grpo divides by the sequence count, dapo by the token count, dr_grpo by a constant x sequences:
-    each rank's loss uses the global counts and is scaled by world_size against DDP's average."""
+def test_ranks_with_any_share_of_the_groups_equal_one_process_on_the_whole_batch(tmp_path):
+    """grpo divides by the sequence count, dapo by the token count, dr_grpo by a constant x sequences,
+    dpo by the pair count, sft by the token count: each rank's loss uses the global counts and the
+    gradients are summed over ranks, so halves, or 3 groups against 1 in different numbers of
+    micro-batches, give one process's step on all 4 groups."""
     mp.spawn(ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
-    for loss in LOSSES:
-        model, batch = rollout_batch()
+    for name, loss, owner, kw in CASES:
+        model, tok, batch = rollout_batch()
         assert batch["response_mask"][:8].sum() != batch["response_mask"][8:].sum()  # unequal token counts per rank
         start = copy.deepcopy(model.state_dict())
-        one_update(model, batch, loss)
-        ddp = torch.load(tmp_path / f"{loss}.pt", weights_only=True)
+        one_update(model, tok, batch, loss, **kw)
+        ddp = torch.load(tmp_path / f"{name}.pt", weights_only=True)
         assert any((model.state_dict()[k] - start[k]).abs().max() > 1e-4 for k in start)  # the update did move them
         for k, v in model.state_dict().items():
-            assert (v - ddp[k]).abs().max().item() <= 1e-5, (loss, k)
+            assert (v - ddp[k]).abs().max().item() <= 1e-5, (name, k)
+    r0, r1 = (torch.load(tmp_path / f"minibatches{r}.pt", weights_only=False) for r in (0, 1))
+    assert r0["steps"] == r1["steps"] == {3}
+    assert all(torch.equal(v, r1["model"][k]) for k, v in r0["model"].items())  # the ranks stay in step
 
 
 RANK_SCRIPT = """
@@ -115,3 +139,30 @@ def test_a_dead_rank_makes_the_other_exit_clearly(sft_ckpt, tmp_path):  # noqa: 
     assert len(lines) == 1 and lines[0].startswith("error: rank 0: another rank died"), err0
     assert set(os.listdir(tmp_path)) <= {"best.pt", "ckpt.pt", "metrics.jsonl"}  # rank 0's files, no temp left
     assert "step    1/5" in out0 and "step    2/5" not in out0
+
+
+UNEVEN_SCRIPT = """
+import sys
+import common, rl
+rl.exact_answer = lambda text, gold, reverse=False: float(text[:1] == "1")  # groups with signal
+sys.argv = ["rl.py"] + sys.argv[1:]
+common.run_cli(rl.main, rl.Config)
+"""
+
+
+def test_torchrun_with_dynamic_sampling_and_uneven_ranks_finishes(sft_ckpt, tmp_path):  # noqa: F811
+    """Dynamic sampling keeps a different number of groups on each rank, one micro-batch per group:
+    with DDP's all-reduce inside every backward the ranks waited on each other for ever."""
+    port = free_port()
+    args = [f"--sft_ckpt={sft_ckpt}", f"--out_dir={tmp_path}", "--loss=grpo", "--prompts_per_step=8", "--group_size=4",
+            "--micro_batch_size=4", "--max_refills=0", "--max_iters=8", "--eval_samples=0", "--eval_interval=100",
+            "--threads=1"]
+    procs = [subprocess.Popen([sys.executable, "-c", UNEVEN_SCRIPT, *args], cwd=ROOT, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(r),
+                                   "LOCAL_RANK": str(r), "WORLD_SIZE": "2"}) for r in (0, 1)]
+    outs = [p.communicate(timeout=200) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    groups = [r["rl/n_groups"] for r in rows if "rl/n_groups" in r]
+    assert len(groups) == 8 and any(g != int(g) for g in groups)  # a mean over ranks of unequal counts
