@@ -37,7 +37,7 @@ import losses as L
 import rl
 from common import Logger, UserError, fmt_time, load_config, pass_k_name, print_config, run_cli
 from data.tasks import ensure_data
-from model import load_checkpoint
+from model import ckpt_settings, load_checkpoint
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ALL = list(L.LOSSES) + list(L.PREF_LOSSES) + list(L.BASELINES)  # the table's row order
@@ -293,7 +293,8 @@ def main(cfg):
     ckpt = load_checkpoint(cfg.sft_ckpt, hint="make one with: python sft.py configs/mul.py")
     check_out_dir(cfg.out_dir)
     print_config(cfg)
-    ensure_data(ckpt["config"].get("task", "mul"))  # generated once here, not by parallel runs
+    task, = ckpt_settings(ckpt, cfg.sft_ckpt, "task")
+    ensure_data(task)  # generated once here, not by parallel runs
     jobs = cfg.jobs or min(2, os.cpu_count() or 1)
     group = cfg.wandb_group or time.strftime("compare-%Y%m%d-%H%M%S")
     rel = lambda p: os.path.relpath(p, cfg.out_dir)  # noqa: E731
@@ -353,7 +354,7 @@ def main(cfg):
           *([f"- baselines (sft: continued SFT on gold answers, rft: rejection-sampling fine-tuning): {base_note}"]
             if base_names else []),
           f"- extra rl.py flags: `{cfg.rl_args}`" if cfg.rl_args else "- every loss at its defaults (rl.py, losses.DEFAULTS)",
-          f"- held-out: the {ckpt['config'].get('task', 'mul')} test split, greedy accuracy; pass@1 / {pk} from "
+          f"- held-out: the {task} test split, greedy accuracy; pass@1 / {pk} from "
           f"{cfg.eval_samples} samples per problem; KL, response length and truncation on 4 samples of 256 test prompts; "
           "clip fractions are means over the training steps (0 when every update is on-policy, rl.py's default)",
           f"- timing columns: train s (training time, evals excluded), wall s (the whole run); "

@@ -102,8 +102,10 @@ def gae(rewards, values, mask, gamma, lam):
 
 def kl_estimate(logp, ref_logp, kind="k3"):
     """Per-token sample estimate of KL(pi || pi_ref), x = ref_logp - logp (Schulman 2020,
-    "Approximating KL divergence"): k1 = -x, k2 = x^2/2, k3 = exp(x) - x - 1 (unbiased, >= 0)."""
-    x = ref_logp - logp
+    "Approximating KL divergence"): k1 = -x, k2 = x^2/2, k3 = exp(x) - x - 1 (unbiased, >= 0).
+    x is clamped to [-20, 20] first, as verl does: in fp32 exp(x) overflows to inf past x ~ 88.7;
+    beyond the clamp the estimate stays finite and has no gradient."""
+    x = (ref_logp - logp).clamp(-20.0, 20.0)
     if kind == "k1":
         return -x
     if kind == "k2":
@@ -223,7 +225,7 @@ DEFAULTS = {  # the papers' values, kept only here; None = off (clip_c) or must 
 DEFAULTS["cliff"] = dict(DEFAULTS["grpo"])
 # rpo_alpha 1 (RPO's NLL on the chosen / desirable answers) rather than the papers' 0: without it, on the
 # offline pairs DPO lowered the chosen answers' likelihood along with the rejected ones and lost 15 points
-# here, IPO 3 and KTO 18 (README). IPO's beta 0.5 (target margin 1/(2*beta) = 1 nat, not 5): at 0.1 its
+# here, IPO 3 and KTO 18 (docs/results.md). IPO's beta 0.5 (target margin 1/(2*beta) = 1 nat, not 5): at 0.1 its
 # squared loss outweighs the NLL and it still lost 3 points.
 DEFAULTS.update(dpo=dict(beta=0.1, kind="sigmoid", label_smoothing=0.0, rpo_alpha=1.0),
                 ipo=dict(beta=0.5, kind="ipo", rpo_alpha=1.0),

@@ -403,6 +403,16 @@ def load_checkpoint(path, hint="train one with: python sft.py configs/mul.py"):
     return ckpt
 
 
+def ckpt_settings(ckpt, path, *keys):
+    """The values the writing script stored under these keys of a checkpoint's config (task,
+    reverse, verifier, lik_coef): never a reader's own fallback, which could silently change the task."""
+    missing = [k for k in keys if k not in ckpt["config"]]
+    if missing:
+        raise CheckpointError(f"{path}: its config lacks {', '.join(map(repr, missing))} (written by an older "
+                              f"nanorl?); retrain it with the current scripts")
+    return tuple(ckpt["config"][k] for k in keys)
+
+
 # Hugging Face GPT-2 stores these as Conv1D weights, (in, out): nn.Linear wants (out, in)
 HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
 

@@ -32,7 +32,7 @@ import losses as L
 from common import (Logger, UserError, all_reduce, encode_prompts, fmt_time, init_distributed, mean_over_ranks, pack,
                     print_config, record_rows, resolve_device, run_cli)
 from data.tasks import ensure_data, format_answer, load_problems, load_records
-from model import generate, load_checkpoint, model_from_checkpoint, save_checkpoint
+from model import ckpt_settings, generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 
 
 @dataclass
@@ -130,7 +130,7 @@ def main(cfg):
     ckpt = load_checkpoint(cfg.sft_ckpt, hint="make one with: python sft.py configs/mul.py")
     model, tok = model_from_checkpoint(ckpt, cfg.sft_ckpt, scalar_head=True)  # fresh head on the SFT trunk
     model.to(dev)
-    task, reverse = ckpt["config"].get("task", "mul"), ckpt["config"].get("reverse", False)
+    task, reverse = ckpt_settings(ckpt, cfg.sft_ckpt, "task", "reverse")
     root = ensure_data(task)
     gen = torch.Generator(dev).manual_seed(cfg.seed + 1000 * rank)  # policy samples, then batch order
     t0 = time.time()

@@ -16,7 +16,7 @@ import torch
 
 from common import UserError, encode_prompts, grade, run_cli, verifier_of
 from data.tasks import parse_answer
-from model import generate, load_checkpoint, model_from_checkpoint
+from model import ckpt_settings, generate, load_checkpoint, model_from_checkpoint
 
 
 @dataclass
@@ -67,8 +67,8 @@ def read_prompts(cfg, tok, block_size):
 def main(cfg):
     ckpt = load_checkpoint(cfg.ckpt)
     model, tok = model_from_checkpoint(ckpt, cfg.ckpt)
-    reverse = ckpt["config"].get("reverse", False)
-    verifier = verifier_of(ckpt["config"].get("verifier", "exact"))  # the task's (sft.py --verifier)
+    reverse, vname = ckpt_settings(ckpt, cfg.ckpt, "reverse", "verifier")
+    verifier = verifier_of(vname)  # the task's (sft.py --verifier)
     problems = read_prompts(cfg, tok, model.config.block_size)
     gen = torch.Generator().manual_seed(cfg.seed)
     correct = graded = 0

@@ -1,5 +1,6 @@
 """
-Tokenizers behind one small interface: encode, decode, vocab_size, eos_id, pad_id, to_dict.
+Tokenizers behind one small interface: encode, decode, vocab_size, eos_id, pad_id, special_ids,
+to_dict.
 
 CharTokenizer (the default) maps each character of the task alphabet to one id, after two
 specials: PAD (id 0) and EOS (id 1). BPETokenizer wraps a tiktoken Encoding (e.g. "gpt2") for
@@ -28,6 +29,7 @@ class CharTokenizer:
         self.chars = chars
         self.stoi = {c: i + len(self.specials) for i, c in enumerate(chars)}
         self.pad_id, self.eos_id = 0, 1
+        self.special_ids = {self.pad_id, self.eos_id}
         self.vocab_size = len(self.specials) + len(chars)
 
     def encode(self, text):
@@ -57,6 +59,7 @@ class BPETokenizer:
         self.enc = encoding
         self.eos_id = encoding.eot_token  # "<|endoftext|>" in the GPT-2 encoding
         self.pad_id = self.eos_id  # masks come from the sampler, so PAD == EOS is safe
+        self.special_ids = {encoding.encode_single_token(s) for s in encoding.special_tokens_set} | {self.eos_id}
         self.vocab_size = encoding.n_vocab
 
     def encode(self, text):

@@ -248,3 +248,136 @@ def test_rl_on_the_text_task_with_a_bpe_tokenizer(tmp_path, monkeypatch, varied_
     evals = [r for r in rows if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 1] and evals[0]["eval/examples"][0]["prompt"].startswith("What is ")
     assert [r for r in rows if "rl/logp_mismatch" in r][0]["rl/logp_mismatch"] <= 1e-5
+
+
+# ----------------------------------------------------------------------------- defects found in review
+
+def tiny_batch(n_groups=4, G=4, seed=0):
+    """A sampled rollout of n_groups x G rows from a tiny random model, every group mixed 0/1."""
+    from model import GPT, GPTConfig, generate
+    from tokenizer import CharTokenizer
+    torch.manual_seed(seed)
+    tok = CharTokenizer("0123456789+*=-")
+    model = GPT(GPTConfig(block_size=24, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16)).eval()
+    prompts = [tok.encode(f"{i + 1}*7=") for i in range(n_groups)]
+    out = generate(model, prompts, 6, tok.eos_id, tok.pad_id, G=G, generator=torch.Generator().manual_seed(seed))
+    reward = torch.tensor([1.0, 0.0] * (n_groups * G // 2))
+    out.update(reward=reward, correct=reward, first_wrong=torch.full((n_groups * G,), -1),
+               length=out["response_mask"].sum(1).float(), finished=torch.ones(n_groups * G, dtype=torch.bool))
+    return model, out
+
+
+@pytest.mark.parametrize("minibatches", [1, 3, 5, 16])
+def test_minibatches_is_exactly_the_number_of_optimizer_steps(minibatches):
+    """16 rows in 5 minibatches: torch.chunk gives 4 parts, so the run took 4 steps, not 5."""
+    import copy
+    model, batch = tiny_batch()
+    opt = model.configure_optimizer(1e-3, 0.0, (0.9, 0.99))
+    cfg = rl.Config(loss="grpo", group_size=4, minibatches=minibatches)
+    rl.update(model, copy.deepcopy(model), opt, batch, cfg, L.resolve_hparams("grpo", beta=0.0),
+              torch.Generator().manual_seed(0), 1e-3)
+    assert {int(s["step"]) for s in opt.state.values()} == {minibatches}
+
+
+def test_fewer_rows_than_minibatches_stops_with_one_line():
+    import copy
+    model, batch = tiny_batch(n_groups=1)
+    cfg = rl.Config(loss="grpo", group_size=4, minibatches=5)
+    with pytest.raises(rl.UserError, match="minibatches=5 but a rank holds only 4 rows"):
+        rl.update(model, copy.deepcopy(model), model.configure_optimizer(1e-3, 0.0, (0.9, 0.99)), batch, cfg,
+                  L.resolve_hparams("grpo", beta=0.0), torch.Generator().manual_seed(0), 1e-3)
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(clip_c=0.5), "clip_c must be > 1"), (dict(clip_c=1.0), "clip_c must be > 1"),
+    (dict(loss="reinforce", ppo_epochs=2), "reinforce takes one optimizer step per batch"),
+    (dict(loss="rloo", minibatches=2), "rloo takes one optimizer step per batch"),
+    (dict(loss="dpo", minibatches=2), "dpo takes one optimizer step per batch"),
+    (dict(loss="sft", ppo_epochs=3), "sft takes one optimizer step per batch"),
+])
+def test_settings_that_change_the_algorithm_are_refused(tmp_path, kw, msg):
+    with pytest.raises(rl.UserError, match=msg):
+        rl.main(rl.Config(out_dir=str(tmp_path / "out"), **kw))
+    assert not (tmp_path / "out").exists()
+
+
+def test_cliff_is_refused_without_the_exact_verifier_or_with_bpe(sft_ckpt, tmp_path, monkeypatch):
+    """CLIFF compares the response with the gold tokens: another verifier (or BPE, where many token
+    sequences spell one answer) can accept an answer that differs from them."""
+    from model import save_checkpoint, model_from_checkpoint
+    ck = load_checkpoint(sft_ckpt)
+    model, tok = model_from_checkpoint(ck, sft_ckpt)
+    save_checkpoint(str(tmp_path / "final.pt"), model, None, {**ck["config"], "verifier": "final"}, 0, tok)
+    with pytest.raises(rl.UserError, match="cliff finds the first wrong token.*verifier 'final'"):
+        rl.main(rl.Config(loss="cliff", sft_ckpt=str(tmp_path / "final.pt"), out_dir=str(tmp_path / "o")))
+    from test_sft import BPE, toy_bpe
+    sft.main(sft.Config(tokenizer=toy_bpe(monkeypatch), out_dir=str(tmp_path / "bpe"), **{**BPE, "max_iters": 0}))
+    with pytest.raises(rl.UserError, match="cliff finds the first wrong token.*BPETokenizer"):
+        rl.main(rl.Config(loss="cliff", sft_ckpt=str(tmp_path / "bpe" / "ckpt.pt"), out_dir=str(tmp_path / "o")))
+
+
+def test_dynamic_sampling_keeps_groups_by_accuracy_not_by_shaped_reward(monkeypatch):
+    """DAPO keeps a group when 0 < accuracy < 1. An all-wrong group whose overlong shaping differs
+    (rewards -1, -0.5, 0, 0) has no signal and is dropped; with a reward model, equal scores are."""
+    def fake_rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None):
+        correct = torch.tensor([0., 0, 0, 0, 1, 0, 1, 0, 1, 1, 1, 1])  # all wrong, mixed, all right
+        reward = correct + torch.tensor([-1, -0.5, 0, 0, 0, 0, 0, 0, 0, 0, 0, -0.5])  # shaped
+        if rm is not None:
+            reward = torch.tensor([0.3, 0.3, 0.3, 0.3, 0.1, 0.2, 0.1, 0.2, 0.5, 0.6, 0.7, 0.8])  # RM scores
+        return {"ids": torch.arange(12)[:, None], "correct": correct, "reward": reward}
+
+    monkeypatch.setattr(rl, "rollout", fake_rollout)
+    monkeypatch.setattr(rl, "cat_rollouts", lambda parts: parts[0])
+    cfg = rl.Config(loss="dapo", prompts_per_step=3, group_size=4, max_refills=0)
+    prompts = rl.PromptSampler(10, torch.Generator().manual_seed(0), False)
+    batch, stats = rl.collect(None, None, None, prompts, cfg, None, True, dyn=True)
+    assert batch["ids"].flatten().tolist() == list(range(4, 8)) and stats["rl/zero_std_frac"] == pytest.approx(2 / 3)
+    batch, stats = rl.collect(None, None, None, prompts, cfg, None, True, dyn=True, rm=object())
+    assert batch["ids"].flatten().tolist() == list(range(4, 12)) and stats["rl/zero_std_frac"] == pytest.approx(1 / 3)
+
+
+def test_a_special_token_inside_a_response_earns_nothing(monkeypatch):
+    """'1 0 <pad> 8 1 <eos>' decodes to '1081' (decode drops PAD), but it is not what a correct
+    policy samples: reward 0, and CLIFF's first wrong token is the PAD, position 2."""
+    from data.tasks import ALPHABET, format_answer
+    from tokenizer import CharTokenizer
+    tok = CharTokenizer(ALPHABET)
+    gold = "1081"
+    answer = tok.encode(format_answer(gold, False))
+    rows = [answer + [tok.eos_id], answer[:2] + [tok.pad_id] + answer[2:] + [tok.eos_id]]
+
+    def fake_generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, **kw):
+        p = prompts[0]
+        ids = torch.tensor([p + rows[0] + [pad_id], p + rows[1]])  # right padding after the first EOS
+        mask = torch.tensor([[0] * len(p) + [1] * len(r) + [0] * (6 - len(r)) for r in rows])
+        return {"ids": ids, "response_mask": mask, "logps": torch.zeros(2, 6),
+                "offsets": torch.zeros(2, dtype=torch.long), "prompt_len": len(p)}
+
+    monkeypatch.setattr(rl, "generate", fake_generate)
+    cfg = rl.Config(loss="cliff", group_size=2, max_new_tokens=6, overlong_window=0)
+    out = rl.rollout(None, tok, [("23*47=", gold)], [0], cfg, None, False)
+    assert out["correct"].tolist() == [1.0, 0.0] and out["first_wrong"].tolist() == [-1, 2]
+
+
+def test_checkpoint_settings_have_one_source_of_truth(sft_ckpt, tmp_path):
+    """A checkpoint whose config lacks 'reverse' (sft.py's default True) used to be read as False by
+    rl.py, reward_model.py and sample.py, and an RM without 'lik_coef' (default 1.0) as 0.0: now each
+    reader fails naming the key."""
+    import reward_model
+    import sample
+    from model import CheckpointError, GPT, GPTConfig, save_checkpoint, model_from_checkpoint
+    ck = load_checkpoint(sft_ckpt)
+    model, tok = model_from_checkpoint(ck, sft_ckpt)
+    cfg = {k: v for k, v in ck["config"].items() if k != "reverse"}
+    save_checkpoint(str(tmp_path / "old.pt"), model, None, cfg, 0, tok)
+    old = str(tmp_path / "old.pt")
+    for run_it in (lambda: rl.main(rl.Config(sft_ckpt=old, out_dir=str(tmp_path / "rl"))),
+                   lambda: reward_model.main(reward_model.Config(sft_ckpt=old, out_dir=str(tmp_path / "rm"))),
+                   lambda: sample.main(sample.Config(ckpt=old, prompt="23*47="))):
+        with pytest.raises(CheckpointError, match="old.pt: its config lacks 'reverse'"):
+            run_it()
+    rm = GPT(GPTConfig(**{**ck["model_args"], "scalar_head": True}))
+    save_checkpoint(str(tmp_path / "rm.pt"), rm, None, {"task": "mul", "reverse": True}, 0, tok)
+    with pytest.raises(CheckpointError, match="rm.pt: its config lacks 'lik_coef'"):
+        rl.main(rl.Config(loss="ppo", reward="rm", rm_ckpt=str(tmp_path / "rm.pt"), sft_ckpt=sft_ckpt,
+                          out_dir=str(tmp_path / "rl")))

@@ -251,3 +251,32 @@ def test_final_answer_accepts_one_tag_anywhere(before, after, n):
         assert final_answer(text, str(n)) == 1.0
         assert final_answer(text, str(n + 1)) == 0.0
         assert final_answer(text + "<final>", str(n)) == 0.0
+
+
+# ---------------------------------------------------------------- grading sampled token ids
+
+def char_and_bpe(alphabet):
+    """A char tokenizer over `alphabet` and a tiny BPE with two specials (end-of-text, and one more)."""
+    import tiktoken
+    from tokenizer import BPETokenizer, CharTokenizer
+    ranks = {bytes([i]): i for i in range(256)}
+    enc = tiktoken.Encoding("toy2", pat_str=r"\d| ?[a-zA-Z]+| ?[^\sa-zA-Z\d]+|\s+", mergeable_ranks=ranks,
+                            special_tokens={"<|endoftext|>": 256, "<|fim|>": 257})
+    return CharTokenizer(alphabet), BPETokenizer(enc)
+
+
+@pytest.mark.parametrize("name, text, gold", [("exact", "1081", "1081"), ("final", "<final>12</final>", "12"),
+                                              ("text", "a1", "a1")])
+def test_a_special_token_before_eos_makes_any_answer_wrong(name, text, gold):
+    """decode drops PAD (and BPE specials), so '10<pad>81' would read as '1081': the verifier must see
+    what was sampled. Every special token at every position before the final EOS scores 0."""
+    from common import grade
+    for tok in char_and_bpe("".join(sorted(set(text)))):
+        ids = tok.encode(text)
+        assert tok.special_ids == ({0, 1} if tok.pad_id == 0 else {256, 257})
+        assert grade(tok, ids + [tok.eos_id], gold, False, VERIFIERS[name]) == 1.0
+        assert grade(tok, ids, gold, False, VERIFIERS[name]) == 0.0  # truncated: no EOS
+        for s in tok.special_ids:
+            for k in range(len(ids) + 1):
+                bad = ids[:k] + [s] + ids[k:] + [tok.eos_id]
+                assert grade(tok, bad, gold, False, VERIFIERS[name]) == 0.0, (type(tok).__name__, s, k)
