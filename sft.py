@@ -3,7 +3,7 @@ Supervised fine-tuning (here: training from scratch) of the GPT on an arithmetic
 
     python sft.py configs/mul.py                 # ~4 min on a 2-core CPU -> out/sft-mul/ckpt.pt
     python sft.py configs/mul.py --lr=3e-4 --max_iters=500 --out_dir=out/try
-    python sft.py --task=path/to/folder --reverse=false --verifier=text   # your own task (README)
+    python sft.py --task=path/to/folder --reverse=false --verifier=text   # your own task (docs/guides.md)
     python sft.py configs/gpt2_mul.py            # GPT-2-small shape, tiktoken gpt2 BPE, the task in words
     python sft.py configs/gpt2_mul.py --init_from=gpt2   # from OpenAI's weights (needs transformers)
 

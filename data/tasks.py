@@ -5,7 +5,7 @@ Arithmetic tasks, generated in code and written as plain text files (seeded, qui
 
 Your own task is a folder with train.txt, val.txt and test.txt, one `prompt=answer` problem per line
 (any characters except '=' in the answer): `python sft.py --task=path/to/folder --reverse=false
---verifier=text` (a name in verify.VERIFIERS; see the README's "bring your own task").
+--verifier=text` (a name in verify.VERIFIERS; see docs/guides.md, "bring your own task").
 Text tasks (`mul_text`) are for BPE tokenizers: the same problems and splits as their symbolic twin,
 asked in words, "What is 23 times 47?" -> "1081" (`load_split` words the prompts; files stay `a*b=c`).
 

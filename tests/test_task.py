@@ -1,5 +1,5 @@
 """Bring your own task: a folder of `prompt=answer` files plus a verifier named on the command line,
-through sft.py, rl.py and sample.py (the README's guide, run for real on a tiny model)."""
+through sft.py, rl.py and sample.py (docs/guides.md's guide, run for real on a tiny model)."""
 import itertools
 import json
 import random
