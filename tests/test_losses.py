@@ -1,12 +1,13 @@
-"""Hand-computed reference numbers and equivalences for losses.py (numbers from the design spec §4, §5)."""
+"""Hand-computed reference numbers and equivalences for losses.py."""
 import math
 
 import pytest
 import torch
 
-from losses import (BASELINES, DEFAULTS, LOSSES, PREF_LOSSES, adaptive_beta, bt_loss, clip_objective, cliff_advantages, gae, gapo_eps_high,
-                    group_advantages, kl_estimate, kl_in_reward, masked_mean, masked_sum,
-                    nll_loss, prefix_prob, resolve_hparams, response_logps, sequence_ratio, token_entropy, whiten, explained_variance)
+from losses import (BASELINES, DEFAULTS, LOSSES, PREF_LOSSES, adaptive_beta, bt_loss, clip_objective,
+                    cliff_advantages, explained_variance, gae, gapo_eps_high, group_advantages, kl_estimate,
+                    kl_in_reward, masked_mean, masked_sum, nll_loss, prefix_prob, resolve_hparams,
+                    response_logps, sequence_ratio, token_entropy, whiten)
 
 # the reference batch: two right-padded responses of lengths 3 and 2
 LOGP = [[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]]
@@ -88,9 +89,11 @@ def test_rloo_advantage_under_grpo_normaliser():
 
 
 def test_sequence_ratio():
-    d = torch.tensor([[0.10, -0.05, 0.02]])
-    assert torch.allclose(d.exp(), torch.tensor([[1.1052, 0.9512, 1.0202]]), atol=5e-5)
-    assert sequence_ratio(d, torch.zeros(1, 3), torch.ones(1, 3)).item() == pytest.approx(1.0236, abs=5e-5)
+    """s_i = exp(mean of d_t over the |y_i| response tokens): a geometric mean, not a product, and the
+    padding (junk 7.0 here) is not counted: exp(0.07/3) and exp(0.2/2)."""
+    d = torch.tensor([[0.10, -0.05, 0.02], [0.3, -0.1, 7.0]])
+    s = sequence_ratio(d + 0.5, torch.full((2, 3), 0.5), torch.tensor([[1, 1, 1], [1, 1, 0]]))
+    assert s.tolist() == pytest.approx([1.023607, 1.105171], abs=1e-6)
 
 
 @pytest.mark.parametrize("r,A,obj,grad,clip_c", [
@@ -184,7 +187,7 @@ def test_cliff_advantages_refuse_non_binary_and_zero_all_equal():
         adv = cliff_advantages(torch.tensor([r]), torch.tensor([[1, 0]]), mask, lam=0.5)
         assert torch.equal(adv, torch.zeros(1, 2, 3))
 
-# ----------------------------------------------------------------------------- §4 advantages and KL
+# ----------------------------------------------------------------------------- advantages and KL
 
 @pytest.mark.parametrize("kind,rewards,expected", [
     ("std", [1, 0, 0, 1], [1, -1, -1, 1]),
@@ -232,6 +235,19 @@ def test_kl_estimators():
     assert kl_estimate(logp, ref, "k3").item() == pytest.approx(0.193147, abs=1e-6)
     with pytest.raises(ValueError, match="k1"):
         kl_estimate(logp, ref, "k4")
+
+
+def test_kl_estimate_clamps_the_log_ratio():
+    """x = ref_logp - logp is clamped to [-20, 20] first: k3 at x = 100 is e^20 - 21 (finite, where exp(100)
+    would be inf in fp32) with no gradient; inside the clamp, at x = -0.5, k3 and its gradient are exact."""
+    logp = torch.tensor([0.0, 0.0, -1.0], requires_grad=True)
+    ref = torch.tensor([100.0, -100.0, -1.5])
+    k3 = kl_estimate(logp, ref, "k3")
+    want = [math.exp(20) - 21, math.exp(-20) + 19, math.exp(-0.5) - 0.5]  # k3 = e^x - x - 1
+    assert k3.tolist() == pytest.approx(want, rel=1e-6)
+    k3.sum().backward()
+    assert logp.grad.tolist() == pytest.approx([0.0, 0.0, 1 - math.exp(-0.5)], abs=1e-7)
+    assert kl_estimate(logp, ref, "k1").tolist() == pytest.approx([-20.0, 20.0, 0.5])
 
 
 def test_kl_in_reward():
@@ -312,12 +328,31 @@ def test_micro_batches_with_global_counts_equal_the_full_batch(name):
     assert torch.allclose(micro.grad, full.grad, atol=1e-7)
 
 
-def test_micro_batch_means_of_means_would_differ():
-    logp, old, _, adv, mask = _batch()
-    full = LOSSES["dapo"](logp, old, adv, mask)[0]
-    naive = (LOSSES["dapo"](logp[:2], old[:2], adv[:2], mask[:2])[0] +
-             LOSSES["dapo"](logp[2:], old[2:], adv[2:], mask[2:])[0]) / 2
-    assert abs(full - naive) > 1e-3  # so the test above is not vacuous
+MICRO_NORMS = [  # (loss, per-sequence token mean first?, global count it divides by: n_tokens 10, n_seqs 4)
+    ("reinforce", False, 4), ("rloo", False, 4), ("grpo", True, 4), ("cliff", True, 4), ("sapo", True, 4),
+    ("pnpo", True, 4), ("gspo", True, 4), ("gapo", True, 4), ("dr_grpo", False, 4 * 4), ("dapo", False, 10),
+    ("cispo", False, 10), ("ppo", False, 10),
+]
+
+
+@pytest.mark.parametrize("name,per_seq,count", MICRO_NORMS, ids=[r[0] for r in MICRO_NORMS])
+def test_micro_batch_divides_by_the_global_count(name, per_seq, count):
+    """Rows 0-1 (lengths 3, 1; 4 tokens) of a batch of lengths 3, 1, 2, 4 (10 tokens, 4 sequences) at ratio 1,
+    beta 0: with the global counts passed, token t of row i weighs A_i / (|y_i| if the loss averages per
+    sequence) / count, count = n_seqs (dr_grpo: n_seqs * max_new_tokens) or n_tokens. A loss that averaged per
+    micro-batch (its own 2 sequences or 4 tokens) would weigh each token 2x or 2.5x more."""
+    mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
+    adv = torch.tensor([1.0, -2.0])
+    logp = torch.tensor([[-0.3, -1.1, -0.2, 0.0], [-0.8, 0.0, 0.0, 0.0]], requires_grad=True)
+    zeros = torch.zeros(2, 4)
+    extra = {"ppo": dict(values=zeros, old_values=zeros, returns=zeros), "dr_grpo": dict(max_new_tokens=4),
+             "gapo": dict(group_correct=[1, 2], group_size=4)}.get(name, {})
+    a = adv[:, None].expand(2, 4).clone() if name == "cliff" else adv
+    hp = {} if name in ("reinforce", "rloo") else dict(beta=0.0)
+    loss, _ = LOSSES[name](logp, logp.detach(), a, mask, n_tokens=10, n_seqs=4, **hp, **extra)
+    loss.backward()
+    lengths = torch.tensor([[3.0], [1.0]]) if per_seq else torch.ones(2, 1)
+    torch.testing.assert_close(-logp.grad, adv[:, None] / lengths / count * mask, atol=1e-7, rtol=0)
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
@@ -433,7 +468,7 @@ def test_kl_in_reward_reinforce_converges_to_the_regularised_optimum(p0, target)
 
 
 def test_entropy_uses_the_tempered_distribution_once():
-    """SPEC §9.3: entropy of softmax(logits / T), per token; the mean over response tokens divides once."""
+    """Entropy of softmax(logits / T), per token; the mean over response tokens divides once."""
     logits = torch.tensor([[[2.0, 0.0, -1.0], [0.5, 0.5, 0.0]]])
     p = torch.softmax(logits / 0.7, -1)
     want = -(p * p.log()).sum(-1)  # (1, 2) by hand
@@ -446,7 +481,7 @@ def test_entropy_uses_the_tempered_distribution_once():
 
 def test_ppo_policy_part_is_token_mean_clipping():
     """With vf_coef 0 and no entropy bonus, PPO is the clipped surrogate averaged over all tokens of
-    the batch: dapo's loss with symmetric eps 0.2 on the SPEC §5 reference tensors."""
+    the batch: dapo's loss with symmetric eps 0.2 on the reference tensors."""
     a, b = torch.tensor(LOGP, requires_grad=True), torch.tensor(LOGP, requires_grad=True)
     zeros = torch.zeros(2, 3)
     la, sa = LOSSES["ppo"](a, OLD, ADV, MASK, vf_coef=0.0, values=zeros, old_values=zeros, returns=zeros + 5)
@@ -491,7 +526,7 @@ def test_whiten_and_adaptive_kl():
 
 
 def test_bradley_terry_one_sgd_step():
-    """SPEC §6: from zero scores, one SGD step at lr 1 on one pair -> s_chosen 0.5, s_rejected -0.5."""
+    """From zero scores, one SGD step at lr 1 on one pair -> s_chosen 0.5, s_rejected -0.5."""
     s = torch.zeros(2, requires_grad=True)
     loss, st = bt_loss(s[:1], s[1:])
     assert loss.item() == pytest.approx(math.log(2))
@@ -511,3 +546,203 @@ def test_nll_baseline_is_the_token_mean_over_the_batch():
     part, _ = nll_loss(logp[:1], MASK[:1], n_tokens=5)  # a micro-batch with the global token count
     assert part.item() == pytest.approx(3.5 / 5)
     assert BASELINES == {"sft": nll_loss, "rft": nll_loss} and DEFAULTS["sft"] == DEFAULTS["rft"] == {}
+
+# ----------------------------------------------------------------------------- by hand: beta > 0, PNPO, PPO
+
+# A ragged batch (lengths 4, 2, 3) whose ratios fall on both sides of eps 0.2 and whose reference differs from
+# the policy; the padding holds junk that must not count.
+D2 = [[0.25, -0.1, 0.05, -0.3], [-0.35, 0.15], [0.1, 0.3, -0.15]]  # d_t = logp_t - old_logp_t
+X2 = [[0.2, -0.15, 0.1, 0.3], [-0.25, 0.05], [0.4, -0.1, 0.2]]  # x_t = ref_logp_t - logp_t
+LP2 = [[-0.7, -1.3, -0.2, -2.1], [-1.6, -0.4], [-0.9, -0.05, -1.4]]  # logp_t
+ADV2 = [0.8, -1.1, 0.4]
+TADV2 = [[0.6, 0.6, -0.2, -0.2], [-1.0, -0.5], [0.3, 0.3, 0.3]]  # token advantages (cliff, ppo)
+
+
+def _pad(rows, junk):
+    return torch.tensor([row + [junk] * (4 - len(row)) for row in rows])
+
+
+def _batch2():
+    """(logp, old_logp, ref_logp, mask) of the ragged batch above, each (3, 4)."""
+    old = [[lp - d for lp, d in zip(*row)] for row in zip(LP2, D2)]
+    ref = [[lp + x for lp, x in zip(*row)] for row in zip(LP2, X2)]
+    return _pad(LP2, 9.0), _pad(old, -9.0), _pad(ref, -9.0), _pad([[1] * len(row) for row in LP2], 0)
+
+
+def _kl_by_hand(x, kind):
+    """Schulman's KL estimate at x = ref_logp - logp, and its derivative in logp."""
+    if kind == "k1":
+        return -x, 1.0
+    if kind == "k2":
+        return x * x / 2, -x
+    return math.exp(x) - x - 1, 1 - math.exp(x)
+
+
+def _clip_by_hand(r, a, eps_low, eps_high, clip_c=None):
+    """min(r*A, clip(r, 1-eps_low, 1+eps_high)*A), at least clip_c*A for A < 0, and its derivative in
+    log r: r*A where the unclipped branch is taken, else 0."""
+    clipped = min(max(r, 1 - eps_low), 1 + eps_high) * a
+    obj, grad = (r * a, r * a) if r * a <= clipped else (clipped, 0.0)
+    if clip_c is not None and a < 0 and obj < clip_c * a:
+        return clip_c * a, 0.0
+    return obj, grad
+
+
+def _token_by_hand(name, hp, a, t, lp_row, d_row):
+    """Token t's objective before the KL term, and its derivative in logp_t, from each paper."""
+    r, lp, n = math.exp(d_row[t]), lp_row[t], len(d_row)
+    if name == "sapo":  # (4/tau) sigmoid(tau (r - 1)) A
+        tau = hp["tau_pos"] if a > 0 else hp["tau_neg"]
+        sg = 1 / (1 + math.exp(-tau * (r - 1)))
+        return 4 / tau * sg * a, 4 * sg * (1 - sg) * r * a
+    if name == "cispo":  # sg(min(r, eps_max)) A logp
+        w = min(r, hp["eps_max"])
+        return w * a * lp, w * a
+    if name == "pnpo":  # gate * sg(w) A logp, w the geometric mean of the ratios up to t
+        w, h = math.exp(sum(d_row[:t + 1]) / (t + 1)), math.sqrt(n / (t + 1))
+        gate = 1 - hp["eps_low"] * h <= w <= 1 + hp["eps_high"] * h
+        return gate * w * a * lp, gate * w * a
+    return _clip_by_hand(r, a, hp["eps_low"], hp["eps_high"], hp.get("clip_c"))
+
+
+def _by_hand(name, hp, adv, group_correct=None, group_size=None):
+    """(loss, d loss / d logp (3, 4)) of the ragged batch, as loops over sequences and tokens."""
+    B, n_tokens = len(LP2), sum(map(len, LP2))
+    loss, grad = 0.0, torch.zeros(B, 4)
+    for i, (lp_row, d_row, x_row) in enumerate(zip(LP2, D2, X2)):
+        n = len(lp_row)
+        kl = [_kl_by_hand(x, hp["kl_estimator"]) for x in x_row]
+        if name in ("gspo", "gapo"):  # one clipped sequence ratio, minus beta * the sequence's mean KL
+            a, eps_high = adv[i], hp["eps_high"]
+            if name == "gapo":
+                c, G = group_correct[i], group_size
+                a = a if 0 < c < G else 0.0
+                eps_high = hp["eps_low"] + (hp["eps_high"] - hp["eps_low"]) * (G - c) / (G - 1)
+            obj, d_obj = _clip_by_hand(math.exp(sum(d_row) / n), a, hp["eps_low"], eps_high)
+            loss -= (obj - hp["beta"] * sum(k for k, _ in kl) / n) / B
+            for t, (_, dk) in enumerate(kl):
+                grad[i, t] = -(d_obj - hp["beta"] * dk) / n / B
+            continue
+        norm = dict(dapo=n_tokens, cispo=n_tokens, dr_grpo=B * hp.get("max_new_tokens", 0)).get(name, B * n)
+        for t in range(n):
+            obj, d_obj = _token_by_hand(name, hp, adv[i][t] if name == "cliff" else adv[i], t, lp_row, d_row)
+            loss -= (obj - hp["beta"] * kl[t][0]) / norm
+            grad[i, t] = -(d_obj - hp["beta"] * kl[t][1]) / norm
+    return loss, grad
+
+
+CLIP = dict(eps_low=0.2, eps_high=0.2)
+BETA_TABLE = [  # (loss, every hyperparameter it uses): the in-loss KL term of each loss, beta > 0
+    ("grpo", dict(beta=0.04, kl_estimator="k3", **CLIP)),
+    ("grpo", dict(beta=0.1, kl_estimator="k1", clip_c=1.1, **CLIP)),  # dual clip active on row 1's 2nd token
+    ("cliff", dict(beta=0.1, kl_estimator="k2", **CLIP)),
+    ("dapo", dict(beta=0.1, kl_estimator="k3", eps_low=0.2, eps_high=0.28)),
+    ("dr_grpo", dict(beta=0.1, kl_estimator="k3", max_new_tokens=5, **CLIP)),
+    ("sapo", dict(beta=0.1, kl_estimator="k3", tau_pos=1.0, tau_neg=1.05)),
+    ("sapo", dict(beta=0.1, kl_estimator="k2", tau_pos=0.5, tau_neg=2.0)),
+    ("cispo", dict(beta=0.1, kl_estimator="k3", eps_max=1.2)),  # caps the ratios 1.28 and 1.35
+    ("pnpo", dict(beta=0.1, kl_estimator="k3", eps_low=0.15, eps_high=0.15)),  # gates 2 of the 9 tokens
+    ("gspo", dict(beta=0.1, kl_estimator="k3", eps_low=3e-4, eps_high=4e-4)),
+    ("gapo", dict(beta=0.1, kl_estimator="k1", eps_low=0.003, eps_high=0.005)),
+]
+
+
+@pytest.mark.parametrize("name,hp", BETA_TABLE, ids=[f"{n}-{hp['kl_estimator']}-{i}" for i, (n, hp) in
+                                                      enumerate(BETA_TABLE)])
+def test_in_loss_kl_by_hand(name, hp):
+    """Every loss with an in-loss KL, beta > 0, on ragged rows: loss, gradient and the logged KL equal the
+    paper's formula written as a loop. Pins the estimator, the sign of the KL and its normaliser (GSPO and
+    GAPO: the KL averaged over each sequence, not summed), clip bounds, SAPO's tau_pos/tau_neg, CISPO's
+    cap."""
+    logp, old, ref, mask = _batch2()
+    logp.requires_grad_(True)
+    adv = _pad(TADV2, 5.0) if name == "cliff" else torch.tensor(ADV2)
+    extra = dict(group_correct=[1, 4, 2], group_size=4) if name == "gapo" else {}  # row 1: c = G, no signal
+    loss, stats = LOSSES[name](logp, old, adv, mask, ref_logp=ref, **hp, **extra)
+    loss.backward()
+    want, grad = _by_hand(name, hp, TADV2 if name == "cliff" else ADV2, **extra)
+    assert loss.item() == pytest.approx(want, abs=1e-6)
+    torch.testing.assert_close(logp.grad, grad, atol=1e-6, rtol=0)
+    kl = [_kl_by_hand(x, hp["kl_estimator"])[0] for row in X2 for x in row]
+    assert float(stats["kl"]) == pytest.approx(sum(kl) / len(kl), abs=1e-6)
+
+
+def test_pnpo_gate_uses_the_length_weight_and_the_geometric_mean_prefix():
+    """PNPO counts token t only if 1 - eps_low*h_t <= w_t <= 1 + eps_high*h_t, w_t = exp(cumsum(d)_t / t) the
+    geometric mean of the ratios so far, h_t = sqrt(|y_i|/t). With eps 0.1/0.12 on rows of lengths 4, 1, 2 the
+    gate is [[1, 1, 1, 1], [0], [1, 1]]: h inverted to sqrt(t/|y|) would shut tokens (0, 0), (0, 1), (2, 0); a
+    product exp(cumsum(d)) would shut (0, 1), (2, 1); eps_low and eps_high swapped would open (1, 0)."""
+    d = [[0.15, 0.05, -0.12, 0.02], [-0.12], [0.12, 0.03]]
+    lp = [[-0.4, -1.1, -0.3, -2.0], [-0.8], [-1.5, -0.6]]
+    adv, eps_low, eps_high = [0.9, -1.3, 0.5], 0.1, 0.12
+    gate, want, grad = [], 0.0, torch.zeros(3, 4)
+    for i, (d_row, lp_row) in enumerate(zip(d, lp)):
+        n = len(d_row)
+        for t in range(n):
+            w, h = math.exp(sum(d_row[:t + 1]) / (t + 1)), math.sqrt(n / (t + 1))
+            gate.append(1 - eps_low * h <= w <= 1 + eps_high * h)
+            want -= gate[-1] * w * adv[i] * lp_row[t] / n / 3
+            grad[i, t] = -gate[-1] * w * adv[i] / n / 3
+    assert gate == [True] * 4 + [False] + [True] * 2
+    logp = _pad(lp, -5.0).requires_grad_(True)
+    old = _pad([[l - x for l, x in zip(*row)] for row in zip(lp, d)], 3.0)
+    mask = _pad([[1] * len(row) for row in lp], 0)
+    loss, stats = LOSSES["pnpo"](logp, old, torch.tensor(adv), mask, eps_low=eps_low, eps_high=eps_high)
+    loss.backward()
+    assert loss.item() == pytest.approx(want, abs=1e-6)
+    torch.testing.assert_close(logp.grad, grad, atol=1e-6, rtol=0)
+    assert (float(stats["clipfrac_low"]), float(stats["clipfrac_high"])) == pytest.approx((1 / 7, 0.0))
+
+
+@pytest.mark.parametrize("vf_clip", [0.2, 0.0])
+def test_ppo_every_term_by_hand(vf_clip):
+    """PPO per token: clip_obj - vf_coef * 0.5 * err + ent_coef * H, summed over the 9 tokens, divided by 9,
+    with an entropy bonus (ent_coef 0.05: raising H lowers the loss), value clipping on (err = the larger of
+    (V - ret)^2 and (V_old + clip(V - V_old, +-0.2) - ret)^2; the clipped branch wins on 3 tokens) and off.
+    Old values, returns and advantages get no gradient."""
+    V = [[0.5, 0.1, -0.3, 0.9], [0.0, 0.7], [0.2, -0.6, 0.4]]
+    V_OLD = [[0.2, 0.2, -0.2, 0.5], [0.1, 0.4], [0.35, -0.6, 0.1]]
+    RET = [[1.0, -0.5, 0.0, 0.6], [-0.3, 1.2], [0.25, 0.0, 0.9]]
+    H = [[1.2, 0.4, 0.9, 0.1], [2.0, 0.3], [0.5, 1.1, 0.7]]
+    vf_coef, ent_coef = 0.1, 0.05
+    want, g_logp, g_v = 0.0, torch.zeros(3, 4), torch.zeros(3, 4)
+    for i, d_row in enumerate(D2):
+        for t, d in enumerate(d_row):
+            pg, d_pg = _clip_by_hand(math.exp(d), TADV2[i][t], 0.2, 0.2)
+            v, v_old, ret = V[i][t], V_OLD[i][t], RET[i][t]
+            err, d_err = (v - ret) ** 2, 2 * (v - ret)
+            if vf_clip:
+                v_clip = v_old + min(max(v - v_old, -vf_clip), vf_clip)
+                if (v_clip - ret) ** 2 > err:  # the clipped branch: no gradient once the clip is active
+                    err, d_err = (v_clip - ret) ** 2, 2 * (v_clip - ret) * (abs(v - v_old) < vf_clip)
+            want -= (pg - vf_coef * 0.5 * err + ent_coef * H[i][t]) / 9
+            g_logp[i, t], g_v[i, t] = -d_pg / 9, vf_coef * 0.5 * d_err / 9
+    logp, old, _, mask = _batch2()
+    logp.requires_grad_(True)
+    values, entropy = _pad(V, 4.0).requires_grad_(True), _pad(H, 7.0).requires_grad_(True)
+    adv, old_values, returns = (_pad(x, 3.0).requires_grad_(True) for x in (TADV2, V_OLD, RET))
+    loss, stats = LOSSES["ppo"](logp, old, adv, mask, values=values, old_values=old_values, returns=returns,
+                                entropy=entropy, vf_coef=vf_coef, vf_clip=vf_clip, ent_coef=ent_coef)
+    loss.backward()
+    assert loss.item() == pytest.approx(want, abs=1e-6)
+    torch.testing.assert_close(logp.grad, g_logp, atol=1e-6, rtol=0)
+    torch.testing.assert_close(values.grad, g_v, atol=1e-6, rtol=0)
+    torch.testing.assert_close(entropy.grad, -ent_coef / 9 * mask, atol=1e-7, rtol=0)
+    assert adv.grad is None and old_values.grad is None and returns.grad is None
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_old_logp_ref_logp_and_advantages_are_constants(name):
+    """The gradient flows through logp only: old_logp, ref_logp and adv handed in with requires_grad (as
+    they would be, computed from the same model) get none, and logp gets some."""
+    B, T = 6, 5
+    logp, old, ref, adv, mask = _batch(B, T, per_token=name == "cliff")
+    logp.requires_grad_(True)
+    old, ref, adv = (x.clone().requires_grad_(True) for x in (old, ref, adv))
+    extra = _extra(name, B, T)
+    if name == "ppo":
+        extra["values"] = torch.randn(B, T, requires_grad=True)
+    loss, _ = LOSSES[name](logp, old, adv, mask, ref, **_hp(name), **extra)
+    loss.backward()
+    assert old.grad is None and ref.grad is None and adv.grad is None
+    assert (logp.grad != 0).any()

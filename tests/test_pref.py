@@ -1,4 +1,4 @@
-"""Preference losses (SPEC §6): reference numbers, the DPO gradient at policy == reference, closed-form
+"""Preference losses: reference numbers, the DPO gradient at policy == reference, closed-form
 optima on a tabular toy, KTO's reference point z, the pairs/KTO JSONL loader and rl.py end to end."""
 import json
 import math
@@ -37,6 +37,64 @@ def test_kto_reference_numbers():
     assert loss.item() == pytest.approx(0.481276, abs=1e-6)
     assert float(stats["z"]) == pytest.approx(0.35)  # mean(0.5, 0.2), clamped at 0 from below
     assert L.kto_loss(*args, beta=1.0)[0].item() == pytest.approx(0.334220, abs=1e-6)
+
+
+
+def _sigmoid(x):
+    return 1 / (1 + math.exp(-x))
+
+
+def test_kto_asymmetric_lambdas_by_hand():
+    """KTO with lambda_d 1.3 != lambda_u 0.7, beta 0.5, three answers (desirable, undesirable, desirable):
+    r = pi - ref = (0.5, -1.0, 0.6), z = mean(0.5, 0.2) = 0.35; desirable answers lose
+    lambda_d * (1 - sigmoid(beta (r - z))), the undesirable one lambda_u * (1 - sigmoid(beta (z - r))).
+    The gradient in pi is the same formulas' derivative; z is a detached constant (no gradient to the
+    mismatched pairs)."""
+    beta, lam_d, lam_u, r, z = 0.5, 1.3, 0.7, [0.5, -1.0, 0.6], 0.35
+    s = [_sigmoid(beta * (r[0] - z)), _sigmoid(beta * (z - r[1])), _sigmoid(beta * (r[2] - z))]
+    want = (lam_d * (1 - s[0]) + lam_u * (1 - s[1]) + lam_d * (1 - s[2])) / 3
+    grad = [-lam_d * beta * s[0] * (1 - s[0]) / 3, lam_u * beta * s[1] * (1 - s[1]) / 3,
+            -lam_d * beta * s[2] * (1 - s[2]) / 3]
+    pi = torch.tensor([-3.0, -5.0, -4.0], requires_grad=True)
+    pi_mis = torch.tensor([-6.0, -7.0], requires_grad=True)
+    loss, stats = L.kto_loss(pi, torch.tensor([-3.5, -4.0, -4.6]), torch.tensor([1, 0, 1]), pi_mis,
+                             torch.tensor([-6.5, -7.2]), beta=beta, lambda_d=lam_d, lambda_u=lam_u)
+    loss.backward()
+    assert loss.item() == pytest.approx(want, abs=1e-6)
+    assert pi.grad.tolist() == pytest.approx(grad, abs=1e-6) and pi_mis.grad is None
+    assert float(stats["z"]) == pytest.approx(z)
+    assert float(stats["desirable_reward"]) == pytest.approx(beta * (0.5 + 0.6) / 2, abs=1e-6)
+    assert float(stats["undesirable_reward"]) == pytest.approx(beta * -1.0, abs=1e-6)
+
+
+def test_kto_reference_point_is_clamped_at_zero():
+    """The mismatched pairs' mean log-ratio (-0.25 here) is negative: z = max(0, -0.25) = 0, and the losses
+    are 1 - sigmoid(beta r) (desirable, r = 0.5) and 1 - sigmoid(-beta r) (undesirable, r = -1.0)."""
+    loss, stats = L.kto_loss(torch.tensor([-3.0, -5.0]), torch.tensor([-3.5, -4.0]), torch.tensor([1, 0]),
+                             torch.tensor([-6.0, -7.5]), torch.tensor([-6.5, -7.5 + 1.0]), beta=0.5)
+    assert float(stats["z"]) == 0.0
+    assert loss.item() == pytest.approx((1 - _sigmoid(0.25) + 1 - _sigmoid(0.5)) / 2, abs=1e-6)
+
+
+def test_conservative_dpo_by_hand_and_its_stats():
+    """Label smoothing eps 0.2, beta 0.5 on two pairs with log-ratio margins m = log 10 and log 0.375 (the
+    second pair ranked wrongly): loss = mean -(1-eps) log sigmoid(beta m) - eps log sigmoid(-beta m), its
+    gradient in pi_chosen, and the stats (implicit rewards beta*(pi - ref) of chosen and rejected, beta*m,
+    pair accuracy 1/2)."""
+    beta, eps = 0.5, 0.2
+    pc = torch.log(torch.tensor([0.5, 0.3])).requires_grad_(True)
+    chosen = [math.log(0.5 / 0.25), math.log(0.3 / 0.2)]  # pi - ref
+    rejected = [math.log(0.1 / 0.5), math.log(0.4 / 0.1)]
+    m = [c - r for c, r in zip(chosen, rejected)]  # log 10, log 0.375
+    want = sum(-(1 - eps) * math.log(_sigmoid(beta * x)) - eps * math.log(_sigmoid(-beta * x)) for x in m) / 2
+    grad = [beta * (-(1 - eps) * (1 - _sigmoid(beta * x)) + eps * _sigmoid(beta * x)) / 2 for x in m]
+    loss, stats = L.dpo_loss(pc, LOG(.1, .4), LOG(.25, .2), LOG(.5, .1), beta=beta, label_smoothing=eps)
+    loss.backward()
+    assert loss.item() == pytest.approx(want, abs=1e-6) and pc.grad.tolist() == pytest.approx(grad, abs=1e-6)
+    assert float(stats["chosen_reward"]) == pytest.approx(beta * sum(chosen) / 2, abs=1e-6)
+    assert float(stats["rejected_reward"]) == pytest.approx(beta * sum(rejected) / 2, abs=1e-6)
+    assert float(stats["margin"]) == pytest.approx(beta * sum(m) / 2, abs=1e-6)
+    assert float(stats["pair_accuracy"]) == 0.5
 
 
 def test_dpo_gradient_at_reference_is_half_beta_times_logprob_gradient_difference():
