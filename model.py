@@ -202,71 +202,7 @@ class GPT(nn.Module):
         params = [p for p in self.parameters() if p.requires_grad]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        return AdamW(groups, lr=lr, betas=betas)
-
-
-class AdamW:
-    """AdamW (Loshchilov & Hutter 2019): torch.optim.AdamW's update written out, the same ops in the same
-    order, so the same numbers bit for bit (tested). Not torch.optim itself because its Optimizer base
-    class imports torch._dynamo on first use: +70 MiB of resident memory, a fifth of a default rl.py
-    run. For each parameter p with gradient g, at step t:
-
-        p <- p * (1 - lr * weight_decay)                                  (decoupled weight decay)
-        m <- b1 * m + (1 - b1) * g,   v <- b2 * v + (1 - b2) * g^2       (moment estimates)
-        p <- p - lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)   (bias-corrected step)
-
-    `param_groups` (dicts: params, lr, betas, eps, weight_decay, and any extra key such as rl.py's
-    lr_scale), `zero_grad`, `step`, `state_dict` and `load_state_dict` behave like torch.optim's, and the
-    state dict has its layout (state by parameter index, then the groups), so checkpoints load either way."""
-
-    def __init__(self, groups, lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01):
-        self.defaults = dict(lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay)
-        self.param_groups, self.state = [], {}  # state: parameter -> {step, exp_avg (m), exp_avg_sq (v)}
-        for g in groups:
-            self.add_param_group(g)
-
-    def add_param_group(self, group):
-        self.param_groups.append({**self.defaults, **group, "params": list(group["params"])})
-
-    def params(self):
-        return [p for g in self.param_groups for p in g["params"]]
-
-    def zero_grad(self):
-        for p in self.params():
-            p.grad = None
-
-    @torch.no_grad()
-    def step(self):
-        for g in self.param_groups:
-            lr, (b1, b2) = g["lr"], g["betas"]
-            for p in g["params"]:
-                if p.grad is None:
-                    continue
-                s = self.state.setdefault(p, {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
-                                              "exp_avg_sq": torch.zeros_like(p)})
-                s["step"] += 1
-                t = s["step"].item()
-                p.mul_(1 - lr * g["weight_decay"])
-                s["exp_avg"].lerp_(p.grad, 1 - b1)
-                s["exp_avg_sq"].mul_(b2).addcmul_(p.grad, p.grad, value=1 - b2)
-                denom = (s["exp_avg_sq"].sqrt() / (1 - b2 ** t) ** 0.5).add_(g["eps"])
-                p.addcdiv_(s["exp_avg"], denom, value=-lr / (1 - b1 ** t))
-
-    def state_dict(self):
-        index = {p: i for i, p in enumerate(self.params())}
-        return {"state": {index[p]: dict(s) for p, s in self.state.items()},
-                "param_groups": [{**{k: v for k, v in g.items() if k != "params"}, "params": [index[p] for p in g["params"]]}
-                                 for g in self.param_groups]}
-
-    def load_state_dict(self, state_dict):
-        saved = state_dict["param_groups"]
-        if [len(g["params"]) for g in saved] != [len(g["params"]) for g in self.param_groups]:
-            raise ValueError("the optimizer state does not match this model's parameter groups")
-        for g, sg in zip(self.param_groups, saved):
-            g.update({k: tuple(v) if k == "betas" else v for k, v in sg.items() if k != "params"})
-        params = self.params()
-        self.state = {params[int(i)]: {k: v if k == "step" else v.to(params[int(i)].device) for k, v in s.items()}
-                      for i, s in state_dict["state"].items()}
+        return torch.optim.AdamW(groups, lr=lr, betas=betas)
 
 
 @torch.no_grad()

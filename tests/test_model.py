@@ -152,45 +152,6 @@ def test_checkpoint_round_trip(tmp_path):
     opt2.load_state_dict(raw["optimizer"])
 
 
-def test_adamw_is_torch_adamw_and_state_dicts_load_both_ways():
-    """model.AdamW takes torch.optim.AdamW's steps bit for bit (decay on matrices only, a group with its own
-    lr), so runs reproduce across the switch, and either one continues exactly from the other's state dict
-    (old checkpoints keep loading)."""
-    def ours(model):
-        opt = model.configure_optimizer(1e-2, 0.1, (0.9, 0.99))
-        opt.param_groups[1]["lr_scale"] = 3.0
-        return opt
-
-    def theirs(model):
-        return torch.optim.AdamW([dict(g) for g in ours(model).param_groups], lr=1e-2, betas=(0.9, 0.99))
-
-    def train(model, opt, steps):
-        for i in steps:
-            for g in opt.param_groups:
-                g["lr"] = 1e-2 * (i + 1) * g.get("lr_scale", 1.0)
-            model.zero_grad()
-            (model(torch.randint(2, 16, (2, 6), generator=torch.Generator().manual_seed(i))) ** 2).mean().backward()
-            opt.step()
-        return model, opt
-
-    a, oa = train(m := tiny(), ours(m), range(5))
-    b, _ = train(m := tiny(), theirs(m), range(5))
-    for pa, pb in zip(a.parameters(), b.parameters()):
-        assert torch.equal(pa, pb)
-    for first, second in ((ours, theirs), (theirs, ours)):  # 3 steps with one, 2 more with the other
-        m = tiny()
-        m, o = train(m, first(m), range(3))
-        sd = o.state_dict()
-        o2 = second(m)
-        o2.load_state_dict(sd)
-        train(m, o2, range(3, 5))
-        assert o2.param_groups[1]["lr_scale"] == 3.0
-        for pa, pm in zip(a.parameters(), m.parameters()):
-            assert torch.equal(pa, pm)
-    with pytest.raises(ValueError, match="does not match"):
-        tiny(n_layer=1).configure_optimizer(1e-2, 0.1, (0.9, 0.99)).load_state_dict(oa.state_dict())
-
-
 def test_bad_checkpoints_fail_clearly(tmp_path):
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         load_checkpoint(str(tmp_path / "nope.pt"))
