@@ -138,11 +138,13 @@ def masked_var(x, mask):
     return masked_mean((x - masked_mean(x, mask)) ** 2, mask)
 
 
-def whiten(x, mask, eps=1e-8):
+def whiten(x, mask, mean=None, var=None, eps=1e-8):
     """(B, T) advantages normalised to mean 0 and std 1 over the masked tokens (PPO's whitening);
-    padding stays 0."""
+    padding stays 0. mean / var (population) default to this batch's; under DDP pass every rank's."""
     m = mask.bool()
-    return torch.where(m, (x - masked_mean(x, m)) * torch.rsqrt(masked_var(x, m) + eps), 0.0)
+    mean = masked_mean(x, m) if mean is None else mean
+    var = masked_var(x, m) if var is None else torch.as_tensor(var, dtype=x.dtype)
+    return torch.where(m, (x - mean) * torch.rsqrt(var + eps), 0.0)
 
 
 def explained_variance(values, returns, mask):

@@ -289,7 +289,9 @@ def advantages(cfg, batch, hp, ref_logp):
         lp = batch["logps"]
         rewards = L.kl_in_reward(R, lp, ref_logp if hp["beta"] else lp, mask, hp["beta"])  # (N, L)
         adv, returns = L.gae(rewards, batch["values"], mask, hp["gamma"], hp["lam"])  # (N, L) each
-        return L.whiten(adv, mask), dict(old_values=batch["values"], returns=returns)
+        n, s, s2 = all_reduce([mask.sum(), L.masked_sum(adv, mask), L.masked_sum(adv * adv, mask)]).tolist()
+        mean = s / n  # over every rank's tokens, so DDP whitens as one process would
+        return L.whiten(adv, mask, mean, s2 / n - mean * mean), dict(old_values=batch["values"], returns=returns)
     if cfg.loss in ("reinforce", "rloo") and hp["beta"] > 0:  # KL in the reward: R - beta * sum_t k1
         mask = batch["response_mask"][:, batch["prompt_len"]:]
         R = L.kl_in_reward(R, batch["logps"], ref_logp, mask, hp["beta"]).sum(1)
