@@ -232,7 +232,7 @@ DEFAULTS["cliff"] = dict(DEFAULTS["grpo"])
 DEFAULTS.update(dpo=dict(beta=0.1, kind="sigmoid", label_smoothing=0.0, rpo_alpha=1.0),
                 ipo=dict(beta=0.5, kind="ipo", rpo_alpha=1.0),
                 kto=dict(beta=0.1, lambda_d=1.0, lambda_u=1.0, rpo_alpha=1.0))  # preference losses (PREF_LOSSES)
-# group_advantages kind of each loss (SPEC §5); cliff builds token advantages with cliff_advantages
+# group_advantages kind of each loss; cliff builds token advantages with cliff_advantages
 ADVANTAGE_KIND = {"reinforce": "mean", "rloo": "rloo", "dr_grpo": "mean", "gapo": "mean"}  # others: "std"
 
 

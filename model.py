@@ -96,7 +96,7 @@ class CausalSelfAttention(nn.Module):
         # runs in float64 and is rounded back: the cached decode (1 query) and the full forward
         # (T queries) take different kernels whose fp32 rounding differs by ~1e-5 in log-probs; in
         # float64 both round to the same fp32 numbers, so sampler and trainer log-probs agree to
-        # ~1e-6 (SPEC §3). It costs ~12% of a step, so SFT (train mode) keeps fp32.
+        # ~1e-6. It costs ~12% of a step, so SFT (train mode) keeps fp32.
         up = not self.training and x.device.type == "cpu" and x.dtype == torch.float32
         y = F.scaled_dot_product_attention(*((t.double() for t in (q, k, v)) if up else (q, k, v)), attn_mask=mask,
                                            is_causal=mask is None and T > 1, dropout_p=self.dropout if self.training else 0.0)
@@ -205,6 +205,20 @@ class GPT(nn.Module):
         return torch.optim.AdamW(groups, lr=lr, betas=betas)
 
 
+def sample_next(logits, temperature, top_k, generator):
+    """(N,) next tokens from the last position's logits (N, V) -> (tokens, the (N, V) fp32
+    log-probs of the distribution they were drawn from). Temperature 0 is greedy (untempered)."""
+    logits = logits.float()
+    if temperature == 0:
+        return logits.argmax(dim=-1), F.log_softmax(logits, dim=-1)
+    logits = logits / temperature
+    if top_k is not None and top_k < logits.size(-1):
+        kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    logp_all = F.log_softmax(logits, dim=-1)
+    return torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1), logp_all
+
+
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.0, top_k=None,
              generator=None, use_cache=True):
@@ -219,7 +233,7 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
       prompt_len     P
     Temperature 0 is greedy; its logps are those of the untempered softmax."""
     was_training = model.training
-    model.eval()  # no dropout in rollouts (SPEC §9.5)
+    model.eval()  # no dropout in rollouts
     device = next(model.parameters()).device
     B, P = len(prompts), max(len(p) for p in prompts)
     if min(len(p) for p in prompts) == 0:
@@ -244,17 +258,7 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
     done = torch.zeros(N, dtype=torch.bool, device=device)
     L = max_new_tokens
     for t in range(max_new_tokens):
-        logits = logits.float()
-        if temperature == 0:
-            logp_all = F.log_softmax(logits, dim=-1)
-            tok = logits.argmax(dim=-1)
-        else:
-            logits = logits / temperature
-            if top_k is not None and top_k < logits.size(-1):
-                kth = torch.topk(logits, top_k, dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            logp_all = F.log_softmax(logits, dim=-1)
-            tok = torch.multinomial(logp_all.exp(), 1, generator=generator).squeeze(1)
+        tok, logp_all = sample_next(logits, temperature, top_k, generator)
         tok = torch.where(done, pad_id, tok)
         out[:, t] = tok
         rmask[:, t] = (~done).long()

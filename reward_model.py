@@ -16,7 +16,7 @@ before any training and, as the NLL carries the trunk past the policy, the polic
     python rl.py --loss=ppo --reward=rm                            # RLHF: PPO against this model
 
 Training pairs: data/<task>/pairs_train.jsonl (right answer vs a plausible wrong one of five
-documented kinds, SPEC §2) plus "policy" pairs: `policy_samples` answers sampled per train prompt
+documented kinds) plus "policy" pairs: `policy_samples` answers sampled per train prompt
 from the SFT policy, each wrong one paired with the right answer (the mistakes PPO will meet).
 Held-out: `eval/pair_accuracy` on the test-split pairs (and per kind), `eval/policy_pair_accuracy`
 on wrong answers the SFT policy samples for test prompts; the mean of the same two on the val split

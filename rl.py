@@ -358,13 +358,10 @@ def frozen_logps(model, ids, offsets, full_mask, P, temperature, G, rows, values
 
 
 def update(model, ref, opt, batch, cfg, hp, gen, lr):
-    """ppo_epochs x minibatches optimizer steps on one rollout batch; each optimizer step normalises
-    by the token/sequence counts of its own minibatch, also when its gradient is accumulated over
-    micro-batches of micro_batch_size rows. Rows come in groups of G sharing a prompt, and every
-    forward runs each prompt once (model.response_forward). Raises FloatingPointError on a NaN/inf.
-    Under DDP (this rank's groups in batch; ranks may hold different numbers) the counts are summed
-    over ranks and so are the gradients (common.sync_grads, once per optimizer step), so the step
-    equals one process on all the groups, and every rank takes exactly ppo_epochs x minibatches steps."""
+    """Exactly ppo_epochs x minibatches optimizer steps on one rollout batch, each normalised by its
+    minibatch's token/sequence counts summed over DDP ranks (whatever share of the groups each holds),
+    its gradient accumulated over micro-batches of whole groups (each prompt runs once) and summed over
+    ranks: one process's step on all the groups. Raises FloatingPointError on a NaN/inf."""
     raw, world = unwrap(model), world_size()
     ids, offsets, full_mask, P = batch["ids"], batch["offsets"], batch["response_mask"], batch["prompt_len"]
     mask = full_mask[:, P:].float()  # (N, L) response tokens incl. EOS
@@ -372,7 +369,7 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     G = cfg.group_size
     rows = max(G, cfg.micro_batch_size // G * G)  # micro-batches of whole groups
     ref_logp = None
-    if hp.get("beta"):  # the reference runs only when the loss has a KL term (SPEC §9.7)
+    if hp.get("beta"):  # the reference runs only when the loss has a KL term
         ref_logp = frozen_logps(ref, ids, offsets, full_mask, P, cfg.temperature, G, rows)[0]
     ppo = cfg.loss == "ppo"
     if ppo:  # the rollout's values V_old, from the same forward pass shape as the update's
@@ -383,9 +380,7 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     def loss_of(r, lp, values, entropy, n_tokens, n_seqs):
         kw = {k: (v[r] if torch.is_tensor(v) else v) for k, v in extra.items()}
         if ppo:
-            kw["values"] = values
-            if hp["ent_coef"]:
-                kw["entropy"] = entropy
+            kw.update(values=values, **({"entropy": entropy} if hp["ent_coef"] else {}))
         return L.LOSSES[cfg.loss](lp, old_logp[r], adv[r], mask[r], ref_logp[r] if ref_logp is not None else None,
                                   n_tokens=n_tokens, n_seqs=n_seqs, **hp, **kw)
 
@@ -409,29 +404,36 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
                 total += loss.detach()
                 kept.append([t.detach() if t is not None else None for t in (lp, values, ent)])
             lp, values, ent = (torch.cat(ts) if ts[0] is not None else None for ts in zip(*kept))
-            if first:  # first update of a fresh rollout: the ratio must be exactly 1 (SPEC §9.2)
+            if first:  # first update of a fresh rollout: the ratio must be exactly 1
                 stats["rl/logp_mismatch"] = (lp - old_logp[mb]).abs().max().item()  # both 0 off the mask
                 stats["rl/entropy"] = L.masked_mean(ent, mask[mb]).item()
             if len(kept) > 1:  # the minibatch's diagnostics, as if it had run in one piece
                 with torch.no_grad():
                     st = loss_of(mb, lp, values, ent, n_tokens, n_seqs)[1]
             gnorm = optimizer_step(raw, opt, total, lr, cfg.grad_clip, backward=False)
-            loss = total
             steps.append({k: float(v) for k, v in st.items()})
     stats.update({f"rl/{k}": sum(s[k] for s in steps) / len(steps) for k in steps[0]})  # clip fractions etc.: every step's
+    stats.update(rollout_stats(batch, ref_logp, extra.get("returns"), hp.get("beta")))
+    return {**stats, "rl/loss": total.item() * world, "rl/grad_norm": gnorm.item(), "rl/lr": lr,
+            "rl/n_tokens": mask.sum().item()}
+
+
+def rollout_stats(batch, ref_logp=None, returns=None, beta=None):
+    """A rollout's own diagnostics: reward, accuracy, lengths; KL to the reference when it ran; PPO's
+    value fit (returns given); the RM score beside the verifier's accuracy (over-optimisation shows
+    as a gap)."""
+    mask, old_logp = batch["response_mask"][:, batch["prompt_len"]:], batch["logps"]  # (N, L) each
+    stats = {"rl/reward_mean": batch["reward"].mean().item(), "rl/accuracy": batch["correct"].mean().item(),
+             "rl/resp_len": batch["length"].mean().item(), "rl/empty_frac": (batch["length"] <= 1).float().mean().item(),
+             "rl/truncated_frac": 1 - batch["finished"].float().mean().item()}
     if ref_logp is not None:
         stats["rl/kl"] = L.masked_mean(L.kl_estimate(old_logp, ref_logp, "k3"), mask).item()
-    if ppo:
-        v, ret = batch["values"], extra["returns"]
-        stats.update({"rl/explained_variance": L.explained_variance(v, ret, mask).item(),
-                      "rl/values_mean": L.masked_mean(v, mask).item(), "rl/returns_mean": L.masked_mean(ret, mask).item(),
-                      "rl/beta": hp["beta"], "rl/kl_k1": L.masked_mean(old_logp - ref_logp, mask).item() if ref_logp is not None else 0.0})
-    stats.update({"rl/loss": loss.item() * world, "rl/grad_norm": gnorm.item(), "rl/lr": lr,
-                  "rl/reward_mean": batch["reward"].mean().item(), "rl/accuracy": batch["correct"].mean().item(),
-                  "rl/resp_len": batch["length"].mean().item(), "rl/n_tokens": mask.sum().item(),
-                  "rl/truncated_frac": 1 - batch["finished"].float().mean().item(),
-                  "rl/empty_frac": (batch["length"] <= 1).float().mean().item()})
-    if "rm_reward" in batch:  # RM score next to the verifier's accuracy: over-optimisation shows as a gap
+    if returns is not None:
+        v = batch["values"]
+        stats.update({"rl/explained_variance": L.explained_variance(v, returns, mask).item(), "rl/beta": beta,
+                      "rl/values_mean": L.masked_mean(v, mask).item(), "rl/returns_mean": L.masked_mean(returns, mask).item(),
+                      "rl/kl_k1": L.masked_mean(old_logp - ref_logp, mask).item() if ref_logp is not None else 0.0})
+    if "rm_reward" in batch:
         stats["rl/rm_reward"] = batch["rm_reward"].mean().item()
     return stats
 
@@ -505,11 +507,7 @@ def nll_update(model, opt, rows, cfg, lr, pad_id, batch=None):
     gnorm = optimizer_step(unwrap(model), opt, loss, lr, cfg.grad_clip)
     stats = {**{f"rl/{k}": float(v) for k, v in st.items()}, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(),
              "rl/lr": lr, "rl/n_seqs": len(rows), "rl/n_tokens": m.sum().item()}
-    if batch is not None:
-        stats.update({"rl/reward_mean": batch["reward"].mean().item(), "rl/accuracy": batch["correct"].mean().item(),
-                      "rl/resp_len": batch["length"].mean().item(),
-                      "rl/truncated_frac": 1 - batch["finished"].float().mean().item()})
-    return stats
+    return {**stats, **(rollout_stats(batch) if batch is not None else {})}
 
 
 def main(cfg):
@@ -573,7 +571,7 @@ def main(cfg):
         lik_coef, = ckpt_settings(rm_ckpt, cfg.rm_ckpt, "lik_coef")  # how the RM was trained to score
         rm = (rm_model.to(dev).eval().requires_grad_(False), RunningMoments(), lik_coef)
     ref = copy.deepcopy(model).eval().requires_grad_(False)  # frozen reference, never updated
-    model.eval()  # dropout off for every log-prob (SPEC §9.5); there is no other train-mode layer
+    model.eval()  # dropout off for every log-prob; there is no other train-mode layer
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99))
     if cfg.loss == "ppo":  # the value head starts at zero and must catch up with the returns: a larger lr
         head = {id(p) for p in model.score_head.parameters()}

@@ -93,7 +93,7 @@ def accumulate_grads(model, x, y, mask, micro_batch_size, bf16=False, n_tok=None
     """Forward and backward over micro-batches of at most micro_batch_size rows of x, y, mask (N, T).
     Each micro-batch's summed token loss is divided by the target-token count of the whole batch
     (n_tok; default this batch's: under DDP the caller passes every rank's count / world_size), so the
-    accumulated gradients equal the full batch's (SPEC §9.4). Returns that batch's mean token loss
+    accumulated gradients equal the full batch's. Returns that batch's mean token loss
     (detached); the caller zeroes the gradients before and steps after."""
     n_tok, total = (mask.sum() if n_tok is None else n_tok), torch.zeros((), device=x.device)
     for i in range(0, len(x), micro_batch_size):

@@ -19,7 +19,7 @@ The model may read and write numbers least-significant digit first (`reverse=Tru
 detail (`format_prompt`/`format_answer`/`parse_answer`): files and everything a person sees stay
 in normal order.
 
-Preference data (SPEC §2), JSONL:
+Preference data, JSONL:
   pairs_<split>.jsonl  {"prompt", "chosen", "rejected", "kind"}  chosen = the right answer,
                        rejected = a plausible wrong one of a fixed mix of kinds (WRONG_KINDS)
   kto_<split>.jsonl    {"prompt", "completion", "label"}          label true = desirable
@@ -214,7 +214,7 @@ def load_split(task, split):
     return [(text_prompt(p), a) for p, a in problems] if TASKS[task].get("text") else problems
 
 
-RECORD_FIELDS = {"pairs": {"prompt": str, "chosen": str, "rejected": str},  # SPEC §2; "kind" optional
+RECORD_FIELDS = {"pairs": {"prompt": str, "chosen": str, "rejected": str},  # "kind" optional
                  "kto": {"prompt": str, "completion": str, "label": bool}}
 
 

@@ -1,4 +1,4 @@
-"""Verifiers (SPEC §7): reference tables, digit rules, huge numbers, fuzzing that they never raise."""
+"""Verifiers: reference tables, digit rules, huge numbers, fuzzing that they never raise."""
 import time
 
 import pytest
@@ -96,7 +96,7 @@ def test_huge_numbers_compare_as_strings():
 # ---------------------------------------------------------------- final_answer
 
 @pytest.mark.parametrize("completion, gold, want", [
-    ("3+4=7 <final>7</final>", "12", 0.0),      # SPEC §7 references
+    ("3+4=7 <final>7</final>", "12", 0.0),      # reference values
     ("3*4=12 <final>12</final>", "12", 1.0),
     ("<final>12</final>", "12", 1.0),
     ("3*4=14 <final>14</final>", "12", 0.0),
@@ -184,7 +184,7 @@ def test_first_wrong_token_properties(response, gold):
 @pytest.mark.parametrize("length, max_new, window, want", [
     (0, 20, 4, 0.0),
     (10, 20, 4, 0.0),
-    (16, 20, 4, 0.0),                           # SPEC §7 references
+    (16, 20, 4, 0.0),                           # reference values
     (17, 20, 4, -0.25),
     (18, 20, 4, -0.5),
     (19, 20, 4, -0.75),
