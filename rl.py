@@ -153,8 +153,9 @@ def check_config(cfg):
                         f"3 is usual), or unset (off); got {cfg.clip_c}")
     one_step = cfg.loss in ("reinforce", "rloo") or cfg.loss in L.PREF_LOSSES or cfg.loss in L.BASELINES
     if one_step and (cfg.ppo_epochs > 1 or cfg.minibatches > 1):
-        raise UserError(f"{cfg.loss} takes one optimizer step per batch (a second one would be off-policy with no "
-                        f"importance weight): ppo_epochs and minibatches must be 1")
+        why = "later steps would be off-policy with no importance weight" if cfg.loss in ("reinforce", "rloo") \
+            else "its update has no epochs or minibatches"
+        raise UserError(f"{cfg.loss} takes one optimizer step per batch ({why}): ppo_epochs and minibatches must be 1")
 
 
 def overlong_window(cfg):
