@@ -227,8 +227,8 @@ DEFAULTS = {  # the papers' values, kept only here; None = off (clip_c) or must 
 DEFAULTS["cliff"] = dict(DEFAULTS["grpo"])
 # rpo_alpha 1 (RPO's NLL on the chosen / desirable answers) rather than the papers' 0: without it, on the
 # offline pairs DPO lowered the chosen answers' likelihood along with the rejected ones and lost 15 points
-# here, IPO 3 and KTO 18 (docs/results.md). IPO's beta 0.5 (target margin 1/(2*beta) = 1 nat, not 5): at 0.1 its
-# squared loss outweighs the NLL and it still lost 3 points.
+# here, IPO 3 and KTO 18 (docs/results.md). IPO's beta 0.5 (target margin 1/(2*beta) = 1 nat, not 5):
+# at 0.1 its squared loss outweighs the NLL and it still lost 3 points.
 DEFAULTS.update(dpo=dict(beta=0.1, kind="sigmoid", label_smoothing=0.0, rpo_alpha=1.0),
                 ipo=dict(beta=0.5, kind="ipo", rpo_alpha=1.0),
                 kto=dict(beta=0.1, lambda_d=1.0, lambda_u=1.0, rpo_alpha=1.0))  # preference losses (PREF_LOSSES)

@@ -348,8 +348,8 @@ def ckpt_settings(ckpt, path, *keys):
     reverse, verifier, lik_coef): never a reader's own fallback, which could silently change the task."""
     missing = [k for k in keys if k not in ckpt["config"]]
     if missing:
-        raise CheckpointError(f"{path}: its config lacks {', '.join(map(repr, missing))} (written by an older "
-                              f"nanorl?); retrain it with the current scripts")
+        raise CheckpointError(f"{path}: its config lacks {', '.join(map(repr, missing))} "
+                              f"(written by an older nanorl?); retrain it with the current scripts")
     return tuple(ckpt["config"][k] for k in keys)
 
 

@@ -48,7 +48,8 @@ from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, eva
                     init_distributed, mean_over_ranks, nonfinite, pack, pass_k_name, print_config, record_rows, resolve_device, run_cli,
                     sync_grads, truncate_metrics, verifier_of, world_size)
 from data.tasks import ensure_data, format_answer, load_records, load_split
-from model import ckpt_settings, generate, load_checkpoint, model_from_checkpoint, response_forward, save_checkpoint
+from model import (ckpt_settings, generate, load_checkpoint, model_from_checkpoint, response_forward,
+                   save_checkpoint)
 from reward_model import rm_scores
 from tokenizer import CharTokenizer
 from verify import exact_answer, first_wrong_token, overlong_penalty
@@ -153,9 +154,10 @@ def check_config(cfg):
                         f"3 is usual), or unset (off); got {cfg.clip_c}")
     one_step = cfg.loss in ("reinforce", "rloo") or cfg.loss in L.PREF_LOSSES or cfg.loss in L.BASELINES
     if one_step and (cfg.ppo_epochs > 1 or cfg.minibatches > 1):
-        why = "later steps would be off-policy with no importance weight" if cfg.loss in ("reinforce", "rloo") \
-            else "its update has no epochs or minibatches"
-        raise UserError(f"{cfg.loss} takes one optimizer step per batch ({why}): ppo_epochs and minibatches must be 1")
+        why = ("later steps would be off-policy with no importance weight" if cfg.loss in ("reinforce", "rloo")
+               else "its update has no epochs or minibatches")
+        raise UserError(f"{cfg.loss} takes one optimizer step per batch ({why}): "
+                        "ppo_epochs and minibatches must be 1")
 
 
 def overlong_window(cfg):
@@ -292,7 +294,8 @@ def advantages(cfg, batch, hp, ref_logp):
         adv, returns = L.gae(rewards, batch["values"], mask, hp["gamma"], hp["lam"])  # (N, L) each
         n, s, s2 = all_reduce([mask.sum(), L.masked_sum(adv, mask), L.masked_sum(adv * adv, mask)]).tolist()
         mean = s / n  # over every rank's tokens, so DDP whitens as one process would
-        return L.whiten(adv, mask, mean, s2 / n - mean * mean), dict(old_values=batch["values"], returns=returns)
+        adv = L.whiten(adv, mask, mean, s2 / n - mean * mean)
+        return adv, dict(old_values=batch["values"], returns=returns)
     if cfg.loss in ("reinforce", "rloo") and hp["beta"] > 0:  # KL in the reward: R - beta * sum_t k1
         mask = batch["response_mask"][:, batch["prompt_len"]:]
         R = L.kl_in_reward(R, batch["logps"], ref_logp, mask, hp["beta"]).sum(1)
@@ -425,15 +428,17 @@ def rollout_stats(batch, ref_logp=None, returns=None, beta=None):
     as a gap)."""
     mask, old_logp = batch["response_mask"][:, batch["prompt_len"]:], batch["logps"]  # (N, L) each
     stats = {"rl/reward_mean": batch["reward"].mean().item(), "rl/accuracy": batch["correct"].mean().item(),
-             "rl/resp_len": batch["length"].mean().item(), "rl/empty_frac": (batch["length"] <= 1).float().mean().item(),
+             "rl/resp_len": batch["length"].mean().item(),
+             "rl/empty_frac": (batch["length"] <= 1).float().mean().item(),
              "rl/truncated_frac": 1 - batch["finished"].float().mean().item()}
     if ref_logp is not None:
         stats["rl/kl"] = L.masked_mean(L.kl_estimate(old_logp, ref_logp, "k3"), mask).item()
     if returns is not None:
         v = batch["values"]
+        kl_k1 = L.masked_mean(old_logp - ref_logp, mask).item() if ref_logp is not None else 0.0
         stats.update({"rl/explained_variance": L.explained_variance(v, returns, mask).item(), "rl/beta": beta,
-                      "rl/values_mean": L.masked_mean(v, mask).item(), "rl/returns_mean": L.masked_mean(returns, mask).item(),
-                      "rl/kl_k1": L.masked_mean(old_logp - ref_logp, mask).item() if ref_logp is not None else 0.0})
+                      "rl/values_mean": L.masked_mean(v, mask).item(), "rl/kl_k1": kl_k1,
+                      "rl/returns_mean": L.masked_mean(returns, mask).item()})
     if "rm_reward" in batch:
         stats["rl/rm_reward"] = batch["rm_reward"].mean().item()
     return stats
@@ -530,12 +535,12 @@ def main(cfg):
     model.to(dev)
     if fresh_head:
         torch.nn.init.zeros_(model.score_head.weight)  # V = 0 everywhere at the start, not noise
-    task, reverse, vname = ckpt_settings(ckpt, cfg.sft_ckpt, "task", "reverse", "verifier")  # vname: the task's reward
+    task, reverse, vname = ckpt_settings(ckpt, cfg.sft_ckpt, "task", "reverse", "verifier")  # vname: its reward
     task_verifier = verifier_of(vname)
     if cfg.loss == "cliff" and (vname != "exact" or not isinstance(tok, CharTokenizer)):
-        raise UserError(f"cliff finds the first wrong token against the gold answer's tokens, which only the exact "
-                        f"verifier with the char tokenizer makes unique; this checkpoint has verifier {vname!r} and "
-                        f"a {type(tok).__name__}")
+        raise UserError(f"cliff finds the first wrong token against the gold answer's tokens, which only "
+                        f"the exact verifier with the char tokenizer makes unique; this checkpoint has "
+                        f"verifier {vname!r} and a {type(tok).__name__}")
     verifier = None if vname == "exact" else task_verifier  # rollouts: None = exact_answer
     del ckpt  # its weights and SFT optimizer state (~10 MB at the default size) are not needed again
     knobs = ("beta", "eps_low", "eps_high", "kl_estimator", "clip_c", "vf_coef", "vf_clip", "ent_coef", "kl_target", "vf_lr_mult",

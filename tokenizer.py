@@ -59,7 +59,8 @@ class BPETokenizer:
         self.enc = encoding
         self.eos_id = encoding.eot_token  # "<|endoftext|>" in the GPT-2 encoding
         self.pad_id = self.eos_id  # masks come from the sampler, so PAD == EOS is safe
-        self.special_ids = {encoding.encode_single_token(s) for s in encoding.special_tokens_set} | {self.eos_id}
+        specials = {encoding.encode_single_token(s) for s in encoding.special_tokens_set}
+        self.special_ids = specials | {self.eos_id}
         self.vocab_size = encoding.n_vocab
 
     def encode(self, text):

@@ -222,7 +222,7 @@ MUTANTS = [  # (file, old, new, what it breaks)
     # rl.advantages
     ("rl.py", 'ref_logp if hp["beta"] else lp', "ref_logp", "advantages: ppo needs a reference at beta 0"),
     ("rl.py", 'hp["gamma"], hp["lam"])', 'hp["lam"], hp["gamma"])', "advantages: gamma / lam swapped"),
-    ("rl.py", "return L.whiten(adv, mask, mean, s2 / n - mean * mean), dict(", "return adv, dict(",
+    ("rl.py", "adv = L.whiten(adv, mask, mean, s2 / n - mean * mean)", "adv = adv",
      "advantages: ppo not whitened"),
     ("rl.py", 'dict(old_values=batch["values"], returns=returns)',
      'dict(old_values=batch["values"], returns=adv)', "advantages: ppo returns are the advantages"),

@@ -60,7 +60,8 @@ def one_update(model, tok, batch, loss, **kw):
 
 # (name, loss, rank owning each of the 4 groups, Config overrides). Uneven: rank 0 holds 3 groups in 3
 # micro-batches, rank 1 one group in one (DDP's all-reduce in every backward deadlocked here).
-CASES = [("grpo", "grpo", [0, 0, 1, 1], {}), ("dapo", "dapo", [0, 0, 1, 1], {}), ("dr_grpo", "dr_grpo", [0, 0, 1, 1], {}),
+CASES = [("grpo", "grpo", [0, 0, 1, 1], {}), ("dapo", "dapo", [0, 0, 1, 1], {}),
+         ("dr_grpo", "dr_grpo", [0, 0, 1, 1], {}),
          ("grpo_uneven", "grpo", [0, 0, 0, 1], dict(micro_batch_size=G)),
          ("dapo_uneven", "dapo", [0, 1, 0, 0], dict(micro_batch_size=G)),
          ("ppo_uneven", "ppo", [0, 0, 0, 1], dict(micro_batch_size=G)),
@@ -87,9 +88,9 @@ def ddp_worker(rank, world, port, out_dir):
 
 def test_ranks_with_any_share_of_the_groups_equal_one_process_on_the_whole_batch(tmp_path):
     """grpo divides by the sequence count, dapo and ppo by the token count (ppo whitens over every
-    rank's tokens), dr_grpo by a constant x sequences, dpo by the pair count, sft by the token count: each rank's loss uses the global counts and the
-    gradients are summed over ranks, so halves, or 3 groups against 1 in different numbers of
-    micro-batches, give one process's step on all 4 groups."""
+    rank's tokens), dr_grpo by a constant x sequences, dpo by the pair count, sft by the token count:
+    each rank's loss uses the global counts and the gradients are summed over ranks, so halves, or
+    3 groups against 1 in different numbers of micro-batches, give one process's step on all 4 groups."""
     mp.spawn(ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
     for name, loss, owner, kw in CASES:
         model, tok, batch = rollout_batch()
