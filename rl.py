@@ -38,7 +38,7 @@ import copy
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Optional
 
 import torch
@@ -54,6 +54,9 @@ from reward_model import rm_scores
 from tokenizer import CharTokenizer
 from verify import exact_answer, first_wrong_token, overlong_penalty
 
+# The progress line shows those of these rl/ keys that the step logged
+SHOWN = ("loss", "reward_mean", "rm_reward", "accuracy", "margin", "pair_accuracy", "z", "log_ratio", "n_groups", "n_seqs",
+         "zero_std_frac", "entropy", "resp_len", "logp_mismatch", "explained_variance", "value_loss")
 # Rollout-side defaults that differ by loss (the loss-side ones live in losses.DEFAULTS): DAPO's
 # overlong shaping window (Yu et al. 2025), on for dapo only.
 OVERLONG_DEFAULT = {"dapo": 2}
@@ -198,11 +201,32 @@ class PromptSampler:
         self.gen.set_state(s["gen"])
 
 
-class RunningMoments:
-    """Mean and std of every reward-model score seen so far (parallel-variance update)."""
+class RewardModel:
+    """A frozen reward_model.py checkpoint that scores rollouts (reward_model.rm_scores: the head at the
+    last token, the EOS of a finished answer, plus lik_coef times the answer's log-likelihood under the
+    RM's LM head, lik_coef as the RM was trained), and the running mean and std of every score so far
+    (parallel-variance update) that normalise them."""
 
-    def __init__(self):
+    def __init__(self, model, lik_coef):
+        self.model, self.lik_coef = model.eval().requires_grad_(False), lik_coef
         self.n, self.mean, self.m2 = 0, 0.0, 0.0
+
+    @classmethod
+    def load(cls, path, tok, dev):
+        ckpt = load_checkpoint(path, hint="make one with: python reward_model.py configs/mul_rm.py")
+        if not ckpt["model_args"].get("scalar_head"):
+            raise UserError(f"{path}: not a reward model (no scalar head); make one with reward_model.py")
+        model, rm_tok = model_from_checkpoint(ckpt, path)
+        if rm_tok.to_dict() != tok.to_dict():
+            raise UserError(f"{path}: the reward model's tokenizer differs from the policy's")
+        return cls(model.to(dev), *ckpt_settings(ckpt, path, "lik_coef"))
+
+    @torch.no_grad()
+    def __call__(self, out, rows=128):
+        """(N,) raw score of each response of a rollout, rows at a time (memory)."""
+        ids, mask, offsets = out["ids"], out["response_mask"], out["offsets"]
+        return torch.cat([rm_scores(self.model, ids[i:i + rows], mask[i:i + rows], offsets[i:i + rows],
+                                    self.lik_coef)[0] for i in range(0, ids.size(0), rows)])
 
     def update(self, x):
         n, mean = x.numel(), x.mean().item()
@@ -214,19 +238,10 @@ class RunningMoments:
         return (x - self.mean) / (math.sqrt(self.m2 / max(1, self.n - 1)) + 1e-8)
 
 
-@torch.no_grad()
-def rm_reward(rm, out, lik_coef):
-    """(N,) reward-model score of each sampled response (reward_model.rm_scores: the head at its last
-    token, the EOS when it finished, plus lik_coef times its log-likelihood under the RM's LM head)."""
-    rows = 128  # at a time: memory
-    return torch.cat([rm_scores(rm, out["ids"][i:i + rows], out["response_mask"][i:i + rows], out["offsets"][i:i + rows],
-                                lik_coef)[0] for i in range(0, out["ids"].size(0), rows)])
-
-
 def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None):
     """G samples for each problem in idx -> dict of tensors, rewards and per-row facts. `correct` is
-    the task's verifier (default exact_answer); with rm = (reward model, RunningMoments, lik_coef) the reward is
-    the RM's (normalised) score instead."""
+    the task's verifier (default exact_answer); with rm (a RewardModel) the reward is the RM's
+    (normalised) score instead."""
     prompts = encode_prompts(tok, [problems[i][0] for i in idx], reverse)
     n = max(1, cfg.micro_batch_size // cfg.group_size)  # prompts per generate call: memory, one prefill each
     out = cat_rollouts([generate(model, prompts[i:i + n], cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=cfg.group_size,
@@ -249,10 +264,10 @@ def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None
                first_wrong=torch.tensor(first_wrong, device=dev), length=torch.tensor(lengths, dtype=torch.float, device=dev),
                finished=torch.tensor(finished, device=dev))
     if rm is not None:
-        raw = rm_reward(rm[0], out, rm[2])  # (N,)
+        raw = rm(out)  # (N,)
         if cfg.rm_normalize:
-            rm[1].update(raw)
-        score = rm[1].normalize(raw) if cfg.rm_normalize else raw
+            rm.update(raw)
+        score = rm.normalize(raw) if cfg.rm_normalize else raw
         out.update(rm_reward=raw, reward=score + out["reward"] - out["correct"])  # keeps any overlong shaping
     return out
 
@@ -543,10 +558,9 @@ def main(cfg):
                         f"verifier {vname!r} and a {type(tok).__name__}")
     verifier = None if vname == "exact" else task_verifier  # rollouts: None = exact_answer
     del ckpt  # its weights and SFT optimizer state (~10 MB at the default size) are not needed again
-    knobs = ("beta", "eps_low", "eps_high", "kl_estimator", "clip_c", "vf_coef", "vf_clip", "ent_coef", "kl_target", "vf_lr_mult",
-             "gamma", "lam", "label_smoothing", "rpo_alpha", "lambda_d", "lambda_u")
-    try:
-        hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k) for k in knobs},
+    knobs = {k for d in L.DEFAULTS.values() for k in d} & {f.name for f in fields(Config)} - {"max_new_tokens"}
+    try:  # the loss hyperparameters (None: the loss's default); dr_grpo's normaliser is max_new_tokens
+        hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k) for k in sorted(knobs)},
                                **({"max_new_tokens": cfg.max_new_tokens} if "max_new_tokens" in L.DEFAULTS[cfg.loss] else {}))
     except ValueError as e:
         raise UserError(str(e)) from None
@@ -566,16 +580,7 @@ def main(cfg):
     if max(len(p) for p in encode_prompts(tok, [p for p, _ in train], reverse)) + cfg.max_new_tokens > model.config.block_size:
         raise UserError(f"max_new_tokens={cfg.max_new_tokens} does not fit block_size={model.config.block_size}")
 
-    rm = None
-    if cfg.reward == "rm":  # a frozen Bradley-Terry reward model from reward_model.py
-        rm_ckpt = load_checkpoint(cfg.rm_ckpt, hint="make one with: python reward_model.py configs/mul_rm.py")
-        if not rm_ckpt.get("model_args", {}).get("scalar_head"):
-            raise UserError(f"{cfg.rm_ckpt}: not a reward model (no scalar head); make one with reward_model.py")
-        rm_model, rm_tok = model_from_checkpoint(rm_ckpt, cfg.rm_ckpt)
-        if rm_tok.to_dict() != tok.to_dict():
-            raise UserError(f"{cfg.rm_ckpt}: the reward model's tokenizer differs from the policy's ({cfg.sft_ckpt})")
-        lik_coef, = ckpt_settings(rm_ckpt, cfg.rm_ckpt, "lik_coef")  # how the RM was trained to score
-        rm = (rm_model.to(dev).eval().requires_grad_(False), RunningMoments(), lik_coef)
+    rm = RewardModel.load(cfg.rm_ckpt, tok, dev) if cfg.reward == "rm" else None  # a frozen Bradley-Terry RM
     ref = copy.deepcopy(model).eval().requires_grad_(False)  # frozen reference, never updated
     model.eval()  # dropout off for every log-prob; there is no other train-mode layer
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99))
@@ -615,7 +620,7 @@ def main(cfg):
         if "records" in mine:
             records.load_state_dict(mine["records"])
         if rm is not None:
-            rm[1].n, rm[1].mean, rm[1].m2 = mine["rm_moments"]
+            rm.n, rm.mean, rm.m2 = mine["rm_moments"]
         if master:
             truncate_metrics(os.path.join(out_dir, "metrics.jsonl"), start)
             print(f"resumed from {ckpt_path} at step {start}", flush=True)
@@ -632,7 +637,7 @@ def main(cfg):
         if pref and cfg.pairs == "offline":
             s["records"] = records.state_dict()
         if rm is not None:
-            s["rm_moments"] = (rm[1].n, rm[1].mean, rm[1].m2)
+            s["rm_moments"] = (rm.n, rm.mean, rm.m2)
         return s
 
     def save(name, step, ranks):
@@ -708,11 +713,7 @@ def main(cfg):
                 if batch is not None:
                     stats["perf/rollout_tok_s"] = batch["length"].sum().item() / t_roll
             if master and "rl/loss" in stats:
-                show = ("loss", "accuracy", "n_seqs") if base else \
-                    ("loss", "margin", "pair_accuracy", "z", "log_ratio", "zero_std_frac") if pref else \
-                    ("reward_mean", "rm_reward", "accuracy", "n_groups", "zero_std_frac", "entropy", "resp_len", "logp_mismatch",
-                     "explained_variance", "value_loss")
-                print(f"step {step + 1:4d}/{cfg.max_iters} | " + " ".join(f"{k} {stats['rl/' + k]:.4g}" for k in show if 'rl/' + k in stats)
+                print(f"step {step + 1:4d}/{cfg.max_iters} | " + " ".join(f"{k} {stats['rl/' + k]:.4g}" for k in SHOWN if 'rl/' + k in stats)
                       + f" | {t_step:.2f}s (rollout {t_roll:.2f}s) | {fmt_time(time.time() - t_start)}, ETA {eta(step + 1, t_train, cfg)}",
                       flush=True)
             logger.log({"step": step + 1, **stats})

@@ -51,7 +51,7 @@ def test_rm_score_is_the_head_at_eos_plus_the_answer_log_likelihood():
             assert torch.allclose(logp[i][mask[i].bool()], lp, atol=1e-5)
     rollout = {"ids": torch.tensor([[3, 4, 5, 6, 1, 0], [0, 3, 4, 7, 8, 1]]), "offsets": torch.tensor([0, 1]),
                "response_mask": torch.tensor([[0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1]])}  # prompts left-padded to 3
-    assert torch.allclose(rl.rm_reward(model, rollout, 0.5), s, atol=1e-5)
+    assert torch.allclose(rl.RewardModel(model, 0.5)(rollout), s, atol=1e-5)
 
 
 def test_only_ppo_trains_a_value_head(sft_ckpt, tmp_path, varied_reward):  # noqa: F811
