@@ -11,8 +11,6 @@ The GPT (nanoGPT-style, GPT-2 names), its KV cache, the batched sampler, and che
 - An optional scalar head (`nn.Linear(n_embd, 1)`) on the last hidden state serves as value head
   (PPO) or reward head (reward model).
 - `save_checkpoint` / `load_checkpoint`: one plain dict, atomic write, `weights_only=True` load.
-- `from_pretrained("gpt2")` (or a `save_pretrained` folder): Hugging Face GPT-2 weights mapped into
-  this GPT; needs `transformers`, only then.
 """
 import math
 import os
@@ -351,55 +349,6 @@ def ckpt_settings(ckpt, path, *keys):
         raise CheckpointError(f"{path}: its config lacks {', '.join(map(repr, missing))} "
                               f"(written by an older nanorl?); retrain it with the current scripts")
     return tuple(ckpt["config"][k] for k in keys)
-
-
-# Hugging Face GPT-2 stores these as Conv1D weights, (in, out): nn.Linear wants (out, in)
-HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
-
-
-def from_pretrained(name_or_path, block_size=None, dropout=0.0):
-    """A GPT holding Hugging Face GPT-2 weights: a hub name ("gpt2", "gpt2-medium", ...) or a folder
-    written by `save_pretrained`. Same names as ours; Conv1D weights are transposed, lm_head stays
-    tied to wte, wpe is cropped to block_size (default: the model's n_positions). GPT-2's
-    conventions are ours (biases, LayerNorm eps 1e-5, tanh GELU, 1/sqrt(head_dim) attention), so the
-    logits agree; a config that departs from them is refused. Every failure is a CheckpointError."""
-    try:
-        from huggingface_hub.utils import logging as hub_logging
-        from transformers import GPT2LMHeadModel
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        raise CheckpointError(f"init_from={name_or_path!r} needs Hugging Face transformers: pip install transformers") from None
-    hf_logging.set_verbosity_error()  # one line on failure, not the hub's retry warnings
-    hub_logging.set_verbosity_error()
-    try:
-        hf = GPT2LMHeadModel.from_pretrained(name_or_path)
-    except Exception as e:
-        where = f"the folder {name_or_path}" if os.path.isdir(name_or_path) else \
-            f"https://huggingface.co/{name_or_path} (config.json, model.safetensors; no network? give a save_pretrained folder)"
-        msg = " ".join(str(e).split())[:200]
-        raise CheckpointError(f"could not load Hugging Face GPT-2 weights from {where}: {e.__class__.__name__}: {msg}") from None
-    c = hf.config
-    expect = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"), "layer_norm_epsilon": (1e-5,),
-              "n_inner": (None, 4 * c.n_embd), "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,),
-              "add_cross_attention": (False,), "tie_word_embeddings": (True,)}
-    unsupported = {k: getattr(c, k) for k, ok in expect.items() if getattr(c, k) not in ok}
-    if unsupported:
-        raise CheckpointError(f"{name_or_path}: GPT-2 variant not supported by model.py ({unsupported})")
-    block_size = block_size or c.n_positions
-    if block_size > c.n_positions:
-        raise CheckpointError(f"{name_or_path}: block_size={block_size} exceeds its n_positions={c.n_positions}")
-    model = GPT(GPTConfig(block_size=block_size, vocab_size=c.vocab_size, n_layer=c.n_layer, n_head=c.n_head,
-                          n_embd=c.n_embd, dropout=dropout, bias=True))
-    src = hf.state_dict()
-    state = {}
-    for k in model.state_dict():
-        w = src[k] if k in src else src["transformer.wte.weight"] if k == "lm_head.weight" else None
-        if w is None:
-            raise CheckpointError(f"{name_or_path}: no weight {k!r} in the Hugging Face model")
-        w = w.t() if k.endswith(HF_TRANSPOSED) else w[:block_size] if k == "transformer.wpe.weight" else w
-        state[k] = w.float()
-    model.load_state_dict(state)
-    return model
 
 
 def model_from_checkpoint(ckpt, path="checkpoint", scalar_head=None):

@@ -14,7 +14,7 @@ test (`eval/accuracy`, `eval/n`, sampled `eval/pass@1`, `eval/pass@8`). Writes o
 out_dir/best.pt and out_dir/metrics.jsonl; `--resume=true` continues from out_dir/ckpt.pt.
 `--micro_batch_size` splits each batch into micro-batches whose gradients accumulate to the full
 batch's (same global batch, less memory); `--tokenizer=gpt2` uses tiktoken's GPT-2 BPE;
-`--init_from` loads Hugging Face GPT-2 weights (hub name or save_pretrained folder) into model.py.
+`--init_from` loads Hugging Face GPT-2 weights (hub name or save_pretrained folder; gpt2.py).
 """
 import math
 import os
@@ -29,7 +29,7 @@ from common import (Logger, StopFlag, UserError, all_reduce, bf16_default, encod
                     init_distributed, nonfinite, peak_flops, print_config, resolve_device, run_cli, truncate_metrics,
                     verifier_of)
 from data.tasks import TASKS, format_answer, load_split, task_alphabet
-from model import GPT, GPTConfig, from_pretrained, load_checkpoint, save_checkpoint
+from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
 from tokenizer import get_tokenizer
 
 
@@ -172,6 +172,7 @@ def main(cfg):
         model = GPT(GPTConfig(block_size=cfg.block_size, vocab_size=tok.vocab_size, n_layer=cfg.n_layer,
                               n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout))
     else:  # Hugging Face GPT-2 weights: n_layer, n_head and n_embd are theirs
+        from gpt2 import from_pretrained  # the GPT-2-size extras, only for --init_from
         model = from_pretrained(cfg.init_from, cfg.block_size, cfg.dropout)
         if model.config.vocab_size != tok.vocab_size:
             raise UserError(f"init_from={cfg.init_from!r} has {model.config.vocab_size} tokens, the tokenizer "

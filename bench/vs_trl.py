@@ -6,7 +6,7 @@ Our GRPO step against TRL's GRPOTrainer, side by side in one process (a ratio, n
 
 Both sides: the default 4-layer, 128-wide model (the SFT checkpoint when it exists, else a fresh
 one) and a Hugging Face GPT2LMHeadModel holding the same weights (the inverse of
-model.from_pretrained's mapping), 8 prompts x 8 samples, <= 8 new tokens, GRPO (TRL:
+gpt2.from_pretrained's mapping), 8 prompts x 8 samples, <= 8 new tokens, GRPO (TRL:
 loss_type="grpo") with beta 0.04, lr 1e-5, one optimizer step per rollout, 1 thread. TRL on CPU
 needs bf16 and gradient checkpointing off, and with beta > 0 loads its reference model from a
 path (save_pretrained, then config._name_or_path). torch.set_flush_denormal(True) is a process-wide
@@ -33,7 +33,8 @@ import losses as L  # noqa: E402
 import rl  # noqa: E402
 from common import grade, load_config  # noqa: E402
 from data.tasks import ALPHABET, format_prompt, load_split  # noqa: E402
-from model import GPT, HF_TRANSPOSED, GPTConfig, load_checkpoint, model_from_checkpoint  # noqa: E402
+from gpt2 import HF_TRANSPOSED  # noqa: E402
+from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
 
 

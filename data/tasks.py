@@ -6,8 +6,8 @@ Arithmetic tasks, generated in code and written as plain text files (seeded, qui
 Your own task is a folder with train.txt, val.txt and test.txt, one `prompt=answer` problem per line
 (any characters except '=' in the answer): `python sft.py --task=path/to/folder --reverse=false
 --verifier=text` (a name in verify.VERIFIERS; see docs/guides.md, "bring your own task").
-Text tasks (`mul_text`) are for BPE tokenizers: the same problems and splits as their symbolic twin,
-asked in words, "What is 23 times 47?" -> "1081" (`load_split` words the prompts; files stay `a*b=c`).
+Text tasks (`mul_text`) are for BPE tokenizers: their symbolic twin's problems and splits, asked
+in words by gpt2.text_prompt (`load_split` words the prompts; the files stay `a*b=c`).
 
 Each line of a split file is one problem `a*b=c`, answer in normal digit order. Problems are split
 train/val/test **by unordered operand pair**: {23, 47} puts `23*47` and `47*23` in the same split,
@@ -38,7 +38,6 @@ TASKS = {  # name -> operator, operand range (inclusive), max number of unordere
     "add": dict(op="+", lo=100, hi=999, max_pairs=20000, aux_lo=None),  # 3-digit + 3-digit: a seeded subset
     "mul_text": dict(op="*", lo=10, hi=99, max_pairs=None, aux_lo=0, text=True),  # mul's problems and splits, in words
 }
-TEXT_OPS = {"*": "times", "+": "plus"}
 SPLITS = {"train": 0.85, "val": 0.05, "test": 0.1}
 DATA_SEED = 1337
 WRONG_KINDS = ["last_digit", "carry", "swap", "neighbour", "length"]
@@ -58,14 +57,6 @@ def format_prompt(prompt, reverse):
     the answer. (Measured here: reversed answers alone plateau near 40% held-out; reversed
     operands as well reach 80%+ in the same number of steps.)"""
     return re.sub(r"\d+", lambda m: m.group()[::-1], prompt) if reverse else prompt
-
-
-def text_prompt(prompt):
-    """A symbolic prompt in words: "23*47=" -> "What is 23 times 47?"."""
-    m = re.fullmatch(r"(\d+)([*+])(\d+)=", prompt)
-    if m is None:
-        raise DataError(f"cannot word the prompt {prompt!r}: expected 'a*b=' or 'a+b='")
-    return f"What is {m.group(1)} {TEXT_OPS[m.group(2)]} {m.group(3)}?"
 
 
 def format_answer(answer, reverse):
@@ -211,7 +202,10 @@ def load_split(task, split):
     if task not in TASKS:
         return load_problems(ensure_data(task) / f"{split}.txt", alphabet=None)
     problems = load_problems(ensure_data(task) / f"{split}.txt")
-    return [(text_prompt(p), a) for p, a in problems] if TASKS[task].get("text") else problems
+    if TASKS[task].get("text"):
+        from gpt2 import text_prompt  # the GPT-2-size extras, imported only for a text task
+        problems = [(text_prompt(p), a) for p, a in problems]
+    return problems
 
 
 RECORD_FIELDS = {"pairs": {"prompt": str, "chosen": str, "rejected": str},  # "kind" optional

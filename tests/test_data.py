@@ -4,8 +4,10 @@ import random
 
 import pytest
 
-from data.tasks import (ALPHABET, WRONG_KINDS, DataError, compute, ensure_data, format_answer, load_problems, load_split,
-                        parse_answer, problems_of, split_pairs, text_prompt, wrong_answer)
+from data.tasks import (ALPHABET, WRONG_KINDS, DataError, compute, ensure_data, format_answer,
+                        load_problems, load_split, parse_answer, problems_of, split_pairs,
+                        wrong_answer)
+from gpt2 import text_prompt
 
 
 @pytest.mark.parametrize("task", ["mul", "add"])

@@ -1,12 +1,13 @@
-"""Hugging Face GPT-2 weights in model.py (offline): a tiny random GPT2LMHeadModel saved with
-save_pretrained loads through model.from_pretrained and gives the same logits."""
+"""Hugging Face GPT-2 weights in model.GPT (offline): a tiny random GPT2LMHeadModel saved with
+save_pretrained loads through gpt2.from_pretrained and gives the same logits."""
 import sys
 
 import pytest
 import torch
 import transformers
 
-from model import CheckpointError, from_pretrained
+from gpt2 import from_pretrained
+from model import CheckpointError
 
 torch.set_num_threads(1)
 

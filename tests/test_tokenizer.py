@@ -1,10 +1,14 @@
 """Char and BPE tokenizers: round trips, unknown characters, serialisation (tiktoken offline)."""
+import os
 import socket
+import subprocess
+import sys
 
 import pytest
 import tiktoken
 
-from tokenizer import BPETokenizer, CharTokenizer, TokenizerError, from_dict, get_bpe, get_tokenizer
+from gpt2 import BPETokenizer, get_bpe
+from tokenizer import CharTokenizer, TokenizerError, from_dict, get_tokenizer
 
 
 @pytest.mark.parametrize("text", ["23*47=1081", "999+1=1000", "", "0-0="])
@@ -70,3 +74,15 @@ def test_offline_gpt2_encoding_names_the_file_it_could_not_fetch(monkeypatch, tm
     with pytest.raises(TokenizerError, match="could not load the tiktoken encoding 'no-such-bpe'"):
         get_bpe("no-such-bpe")
     assert isinstance(get_tokenizer("char", "0123"), CharTokenizer)
+
+
+def test_a_char_run_never_imports_gpt2_or_tiktoken():
+    """The RL path with the char tokenizer (a checkpoint's dict too) leaves the GPT-2 extras out."""
+    code = ("import sys, rl, tokenizer; from data.tasks import load_split; "
+            "load_split('mul', 'val'); "
+            "tokenizer.from_dict(tokenizer.get_tokenizer('char', '01').to_dict()); "
+            "print(sorted(m for m in ('gpt2', 'tiktoken', 'transformers') if m in sys.modules))")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "[]", r.stdout + r.stderr
