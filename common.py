@@ -351,14 +351,27 @@ def encode_prompts(tok, prompts, reverse):
     return [tok.encode(format_prompt(p, reverse)) for p in prompts]
 
 
+def gold_rows(tok, problems, reverse):
+    """[(prompt, answer)] in normal order -> [(prompt ids, answer ids + EOS)]: what the model reads and
+    what it should write."""
+    prompts = encode_prompts(tok, [p for p, _ in problems], reverse)
+    return [(p, tok.encode(format_answer(a, reverse)) + [tok.eos_id]) for p, (_, a) in zip(prompts, problems)]
+
+
+def responses(out):
+    """The sampled token ids of each row of a `generate` result, EOS included, padding cut."""
+    P = out["prompt_len"]
+    return [ids[:n] for ids, n in zip(out["ids"][:, P:].tolist(), out["response_mask"][:, P:].sum(1).tolist())]
+
+
 def record_rows(tok, recs, reverse):
     """Offline JSONL records -> (rows, labels): DPO pairs give chosen rows then rejected rows (labels
     None); KTO records give one row each and their desirable labels (N,)."""
-    def row(prompt, answer):
-        return encode_prompts(tok, [prompt], reverse)[0], tok.encode(format_answer(answer, reverse)) + [tok.eos_id]
     if "label" in recs[0]:
-        return [row(r["prompt"], r["completion"]) for r in recs], torch.tensor([r["label"] for r in recs])
-    return [row(r["prompt"], r["chosen"]) for r in recs] + [row(r["prompt"], r["rejected"]) for r in recs], None
+        return gold_rows(tok, [(r["prompt"], r["completion"]) for r in recs], reverse), torch.tensor(
+            [r["label"] for r in recs])
+    pairs = [(r["prompt"], r["chosen"]) for r in recs] + [(r["prompt"], r["rejected"]) for r in recs]
+    return gold_rows(tok, pairs, reverse), None
 
 
 def pack(rows, pad_id):
@@ -414,12 +427,8 @@ def pass_k_name(n_samples, k=8):
 def score_samples(tok, out, gold, reverse, verifier=exact_answer):
     """[(reward, completion in normal order)] for each row of a `generate` result. A response that
     never emitted EOS (truncated) scores 0 whatever its text."""
-    P = out["prompt_len"]
-    res = []
-    for ids, m, g in zip(out["ids"][:, P:].tolist(), out["response_mask"][:, P:].tolist(), gold):
-        ids = ids[:sum(m)]
-        res.append((grade(tok, ids, g, reverse, verifier), parse_answer(tok.decode(ids), reverse)))
-    return res
+    return [(grade(tok, ids, g, reverse, verifier), parse_answer(tok.decode(ids), reverse))
+            for ids, g in zip(responses(out), gold)]
 
 
 def grade(tok, ids, gold, reverse, verifier=exact_answer):

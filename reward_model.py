@@ -29,9 +29,9 @@ from dataclasses import asdict, dataclass
 import torch
 
 import losses as L
-from common import (Logger, UserError, all_reduce, encode_prompts, fmt_time, init_distributed, mean_over_ranks, pack,
-                    print_config, record_rows, resolve_device, run_cli)
-from data.tasks import ensure_data, format_answer, load_problems, load_records
+from common import (Logger, UserError, all_reduce, fmt_time, gold_rows, init_distributed, mean_over_ranks, pack,
+                    print_config, record_rows, resolve_device, responses, run_cli)
+from data.tasks import ensure_data, load_problems, load_records
 from model import ckpt_settings, generate, load_checkpoint, model_from_checkpoint, save_checkpoint
 
 
@@ -87,19 +87,17 @@ def policy_pairs(model, tok, problems, reverse, n, cfg, gen):
     model.eval()
     for i in range(0, len(problems), 256):
         chunk = problems[i:i + 256]
-        prompts = encode_prompts(tok, [p for p, _ in chunk], reverse)
-        out = generate(model, prompts, cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=n,
+        rows = gold_rows(tok, chunk, reverse)  # [(prompt ids, gold answer ids + EOS)]
+        out = generate(model, [p for p, _ in rows], cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=n,
                        temperature=cfg.temperature, generator=gen)
-        P = out["prompt_len"]
-        for j, (p, a) in enumerate(chunk):
-            gold = tok.encode(format_answer(a, reverse)) + [tok.eos_id]
+        resp = responses(out)
+        for j, (prompt, gold) in enumerate(rows):
             seen = set()
-            for r in range(j * n, (j + 1) * n):
-                resp = tuple(out["ids"][r, P:][out["response_mask"][r, P:].bool()].tolist())
-                if list(resp) != gold and resp not in seen:
-                    seen.add(resp)
-                    chosen.append((prompts[j], gold))
-                    rejected.append((prompts[j], list(resp)))
+            for r in resp[j * n:(j + 1) * n]:
+                if r != gold and tuple(r) not in seen:
+                    seen.add(tuple(r))
+                    chosen.append((prompt, gold))
+                    rejected.append((prompt, r))
     return chosen, rejected
 
 

@@ -44,10 +44,11 @@ from typing import Optional
 import torch
 
 import losses as L
-from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, evaluate, fmt_time, gather_objects, grade,
-                    init_distributed, mean_over_ranks, nonfinite, pack, pass_k_name, print_config, record_rows, resolve_device, run_cli,
-                    sync_grads, truncate_metrics, verifier_of, world_size)
-from data.tasks import ensure_data, format_answer, load_records, load_split
+from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, evaluate, fmt_time, gather_objects,
+                    gold_rows, grade, init_distributed, mean_over_ranks, nonfinite, pack, pass_k_name, print_config,
+                    record_rows, resolve_device, responses, run_cli, sync_grads, truncate_metrics, verifier_of,
+                    world_size)
+from data.tasks import ensure_data, load_records, load_split
 from model import (ckpt_settings, generate, load_checkpoint, model_from_checkpoint, response_forward,
                    save_checkpoint)
 from reward_model import rm_scores
@@ -242,20 +243,20 @@ def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None
     """G samples for each problem in idx -> dict of tensors, rewards and per-row facts. `correct` is
     the task's verifier (default exact_answer); with rm (a RewardModel) the reward is the RM's
     (normalised) score instead."""
-    prompts = encode_prompts(tok, [problems[i][0] for i in idx], reverse)
+    rows = gold_rows(tok, [problems[i] for i in idx], reverse)  # [(prompt ids, gold answer ids + EOS)]
+    prompts = [p for p, _ in rows]
     n = max(1, cfg.micro_batch_size // cfg.group_size)  # prompts per generate call: memory, one prefill each
     out = cat_rollouts([generate(model, prompts[i:i + n], cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=cfg.group_size,
                                  temperature=cfg.temperature, generator=gen) for i in range(0, len(prompts), n)])
-    P, window = out["prompt_len"], overlong_window(cfg)
+    window = overlong_window(cfg)
     correct, reward, first_wrong, lengths, finished = [], [], [], [], []
-    for row, (ids, m) in enumerate(zip(out["ids"][:, P:].tolist(), out["response_mask"][:, P:].tolist())):
+    for row, ids in enumerate(responses(out)):
         gold = problems[idx[row // cfg.group_size]][1]
-        ids = ids[:sum(m)]
         done = len(ids) > 0 and ids[-1] == tok.eos_id
         c = grade(tok, ids, gold, reverse, verifier or exact_answer)  # truncated -> 0
         correct.append(c)
         reward.append(c + (overlong_penalty(len(ids), cfg.max_new_tokens, window) if window > 0 else 0.0))
-        fw = first_wrong_token(ids, tok.encode(format_answer(gold, reverse)) + [tok.eos_id])
+        fw = first_wrong_token(ids, rows[row // cfg.group_size][1])
         first_wrong.append(-1 if fw is None else fw)
         lengths.append(len(ids))
         finished.append(done)
@@ -480,9 +481,8 @@ def online_rows(batch, G):
 
 def sample_rows(batch, rows):
     """(prompt ids, sampled response ids incl. EOS) of the given rows of a rollout batch."""
-    P = batch["prompt_len"]
-    return [(batch["ids"][r, int(batch["offsets"][r]):P].tolist(),
-             batch["ids"][r, P:][batch["response_mask"][r, P:].bool()].tolist()) for r in rows]
+    P, resp = batch["prompt_len"], responses(batch)
+    return [(batch["ids"][r, int(batch["offsets"][r]):P].tolist(), resp[r]) for r in rows]
 
 
 def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
@@ -510,12 +510,6 @@ def pref_update(model, ref, opt, tok, rows, labels, cfg, hp, lr):
 
 
 # ----------------------------------------------------------------------------- supervised baselines
-
-def answer_rows(tok, problems, reverse):
-    """[(prompt, answer)] -> [(prompt ids, gold answer ids + EOS)], the rows SFT trains on."""
-    prompts = encode_prompts(tok, [p for p, _ in problems], reverse)
-    return [(p, tok.encode(format_answer(a, reverse)) + [tok.eos_id]) for p, (_, a) in zip(prompts, problems)]
-
 
 def nll_update(model, opt, rows, cfg, lr, pad_id, batch=None):
     """One optimizer step of a supervised baseline (losses.BASELINES): the per-token NLL of the
@@ -680,7 +674,7 @@ def main(cfg):
                 n = local.pairs_per_step * (2 if cfg.loss == "kto" else 1)
                 (rows, labels), batch, stats = record_rows(tok, [recs[i] for i in records.take(n)], reverse), None, {}
             elif cfg.loss == "sft":  # continued SFT: the gold answers of train problems
-                rows, batch, stats = answer_rows(tok, [shard[i] for i in prompts.take(local.pairs_per_step)], reverse), None, {}
+                rows, batch, stats = gold_rows(tok, [shard[i] for i in prompts.take(local.pairs_per_step)], reverse), None, {}
             else:  # preference losses online: only groups holding a right and a wrong answer are kept; rft keeps all
                 with amp:
                     batch, stats = collect(model, tok, shard, prompts, local, gen, reverse, (dyn or pref) and not base, rm, verifier)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from common import UserError, encode_prompts, grade, run_cli, verifier_of
+from common import UserError, encode_prompts, grade, responses, run_cli, verifier_of
 from data.tasks import parse_answer
 from model import ckpt_settings, generate, load_checkpoint, model_from_checkpoint
 
@@ -76,10 +76,8 @@ def main(cfg):
         chunk = problems[i:i + cfg.batch_size]
         out = generate(model, encode_prompts(tok, [p for p, _ in chunk], reverse), cfg.max_new_tokens, tok.eos_id, tok.pad_id,
                        G=cfg.num_samples, temperature=cfg.temperature, top_k=cfg.top_k or None, generator=gen)
-        P = out["prompt_len"]
-        for row, (ids, m) in enumerate(zip(out["ids"][:, P:].tolist(), out["response_mask"][:, P:].tolist())):
+        for row, ids in enumerate(responses(out)):
             prompt, gold = chunk[row // cfg.num_samples]
-            ids = ids[:sum(m)]
             text = tok.decode(ids)
             print(prompt + parse_answer(text, reverse))
             if gold is not None:

@@ -25,10 +25,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from common import (Logger, StopFlag, UserError, all_reduce, bf16_default, encode_prompts, evaluate, fmt_time, gather_objects,
-                    init_distributed, nonfinite, peak_flops, print_config, resolve_device, run_cli, truncate_metrics,
-                    verifier_of)
-from data.tasks import TASKS, format_answer, load_split, task_alphabet
+from common import (Logger, StopFlag, UserError, all_reduce, bf16_default, evaluate, fmt_time, gather_objects,
+                    gold_rows, init_distributed, nonfinite, peak_flops, print_config, resolve_device, run_cli,
+                    truncate_metrics, verifier_of)
+from data.tasks import TASKS, load_split, task_alphabet
 from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
 from tokenizer import get_tokenizer
 
@@ -109,8 +109,7 @@ def accumulate_grads(model, x, y, mask, micro_batch_size, bf16=False, n_tok=None
 
 def encode_split(tok, problems, reverse, block_size, loss_on):
     """Tokenise [(prompt, answer)] -> x, y (N, T) and the loss mask on the targets (N, T)."""
-    prompts = encode_prompts(tok, [p for p, _ in problems], reverse)
-    rows = [(p, tok.encode(format_answer(a, reverse)) + [tok.eos_id]) for p, (_, a) in zip(prompts, problems)]
+    rows = gold_rows(tok, problems, reverse)  # [(prompt ids, answer ids + EOS)]
     T = max(len(p) + len(r) for p, r in rows) - 1
     if T + 1 > block_size:
         i = next(i for i, (p, r) in enumerate(rows) if len(p) + len(r) > block_size)

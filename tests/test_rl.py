@@ -136,7 +136,7 @@ def test_cli_errors(tmp_path):
 def test_sft_baseline_trains_on_gold_answers(sft_ckpt, tmp_path):
     """--loss=sft: pairs_per_step gold (prompt, answer + EOS) rows per step, per-token NLL; the NLL of
     gold answers of train problems falls from the SFT model's."""
-    from common import pack
+    from common import gold_rows, pack
     from data.tasks import ensure_data, load_problems
     from model import model_from_checkpoint
     res, rows = run(sft_ckpt, tmp_path, loss="sft", pairs_per_step=64, lr=3e-3, max_iters=20, eval_interval=20)
@@ -144,7 +144,8 @@ def test_sft_baseline_trains_on_gold_answers(sft_ckpt, tmp_path):
     assert len(train) == 20 and all(r["rl/n_seqs"] == 64 and r["rl/loss"] == r["rl/nll"] > 0 for r in train)
     ckpt = load_checkpoint(sft_ckpt)
     sft_model, tok = model_from_checkpoint(ckpt, sft_ckpt)
-    ids, mask = pack(rl.answer_rows(tok, load_problems(ensure_data("mul") / "train.txt")[:256], ckpt["config"]["reverse"]), tok.pad_id)
+    gold = gold_rows(tok, load_problems(ensure_data("mul") / "train.txt")[:256], ckpt["config"]["reverse"])
+    ids, mask = pack(gold, tok.pad_id)
     nll = lambda m: L.nll_loss(*L.response_logps(m.eval()(ids), ids, mask))[0].item()  # noqa: E731
     assert nll(res["model"]) < nll(sft_model) - 0.02  # 1.553 vs 1.593 here
     assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 20] and rows[-1]["eval/kl"] > 0
