@@ -307,11 +307,16 @@ class CheckpointError(RuntimeError):
     pass
 
 
+def unwrap(model):
+    """The plain GPT inside a DDP and/or torch.compile wrapper."""
+    model = getattr(model, "module", model)
+    return getattr(model, "_orig_mod", model)
+
+
 def save_checkpoint(path, model, optimizer=None, config=None, step=0, tokenizer=None, **extra):
     """One plain dict (tensors, numbers, strings, lists, dicts): loadable with weights_only=True.
     Written to a temp file, fsynced, then renamed: a crash mid-write never leaves a broken ckpt."""
-    raw = getattr(model, "module", model)  # unwrap DDP
-    raw = getattr(raw, "_orig_mod", raw)  # unwrap torch.compile
+    raw = unwrap(model)
     ckpt = {"model": raw.state_dict(), "model_args": asdict(raw.config),
             "optimizer": optimizer.state_dict() if optimizer is not None else None,
             "config": dict(config or {}), "step": step,

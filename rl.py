@@ -50,7 +50,7 @@ from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, eva
                     world_size)
 from data.tasks import ensure_data, load_records, load_split
 from model import (ckpt_settings, generate, load_checkpoint, model_from_checkpoint, response_forward,
-                   save_checkpoint)
+                   save_checkpoint, unwrap)
 from reward_model import rm_scores
 from tokenizer import CharTokenizer
 from verify import exact_answer, first_wrong_token, overlong_penalty
@@ -767,12 +767,6 @@ def eval_kl(model, ref, tok, problems, reverse, cfg, gen, n=256):
         truncated.append(((last != tok.eos_id) | (length == 0)).float())
     return {"eval/kl": kl / max(1, count), "eval/resp_len": torch.cat(lengths).mean().item(),
             "eval/truncated_frac": torch.cat(truncated).mean().item()}
-
-
-def unwrap(model):
-    """The plain GPT inside a DDP and/or torch.compile wrapper."""
-    model = getattr(model, "module", model)
-    return getattr(model, "_orig_mod", model)
 
 
 def optimizer_step(model, opt, loss, lr, grad_clip, backward=True):
