@@ -353,7 +353,7 @@ def main(cfg):
           f"- per-run budget: {step_desc}" + (f"; eval every {cfg.eval_interval}" if rl_names else ""),
           *([f"- baselines (sft: continued SFT on gold answers, rft: rejection-sampling fine-tuning): {base_note}"]
             if base_names else []),
-          f"- extra rl.py flags: `{cfg.rl_args}`" if cfg.rl_args else "- every loss at its defaults (rl.py, losses.DEFAULTS)",
+          f"- extra rl.py flags: `{cfg.rl_args}`" if cfg.rl_args else "- every loss at its defaults (rl.py, losses.ALGOS)",
           f"- held-out: the {task} test split, greedy accuracy; pass@1 / {pk} from "
           f"{cfg.eval_samples} samples per problem; KL, response length and truncation on 4 samples of 256 test prompts; "
           "clip fractions are means over the training steps (0 when every update is on-policy, rl.py's default)",

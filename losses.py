@@ -15,6 +15,8 @@ Every loss is *minimised* (loss = -objective) and returns (loss, stats). Convent
   they default to this batch's own counts. Summing the micro-batch losses then gives the loss
   of the full batch.
 """
+from collections import namedtuple
+
 import torch
 import torch.nn.functional as F
 
@@ -208,36 +210,8 @@ def clip_objective(ratio, adv, eps_low, eps_high, clip_c=None):
 
 # ----------------------------------------------------------------------------- policy losses
 
-DEFAULTS = {  # the papers' values, kept only here; None = off (clip_c) or must be given (max_new_tokens)
-    "reinforce": dict(beta=0.0),  # beta here is the KL-in-reward coefficient, used via kl_in_reward
-    "rloo": dict(beta=0.0),
-    "grpo": dict(eps_low=0.2, eps_high=0.2, beta=0.04, kl_estimator="k3", clip_c=None),
-    "dr_grpo": dict(eps_low=0.2, eps_high=0.2, beta=0.0, kl_estimator="k3", clip_c=None, max_new_tokens=None),
-    "dapo": dict(eps_low=0.2, eps_high=0.28, beta=0.0, kl_estimator="k3", clip_c=None),
-    "gspo": dict(eps_low=3e-4, eps_high=4e-4, beta=0.0, kl_estimator="k3", clip_c=None),
-    "sapo": dict(tau_pos=1.0, tau_neg=1.05, beta=0.0, kl_estimator="k3"),
-    "cispo": dict(eps_max=5.0, beta=0.0, kl_estimator="k3"),
-    "gapo": dict(eps_low=0.003, eps_high=0.005, beta=0.0, kl_estimator="k3", clip_c=None),  # eps_high_max
-    "pnpo": dict(eps_low=7e-4, eps_high=9.5e-4, beta=0.0, kl_estimator="k3"),
-    # beta: k1 KL-in-reward coefficient (kl_target set = adaptive); gamma/lam: GAE and vf_lr_mult: the
-    # value head's lr multiplier (rl.py uses them)
-    "ppo": dict(eps_low=0.2, eps_high=0.2, clip_c=None, vf_coef=0.1, vf_clip=0.2, ent_coef=0.0,
-                beta=0.05, kl_target=None, gamma=1.0, lam=0.95, vf_lr_mult=10.0),
-}
-DEFAULTS["cliff"] = dict(DEFAULTS["grpo"])
-# rpo_alpha 1 (RPO's NLL on the chosen / desirable answers) rather than the papers' 0: without it, on the
-# offline pairs DPO lowered the chosen answers' likelihood along with the rejected ones and lost 15 points
-# here, IPO 3 and KTO 18 (docs/results.md). IPO's beta 0.5 (target margin 1/(2*beta) = 1 nat, not 5):
-# at 0.1 its squared loss outweighs the NLL and it still lost 3 points.
-DEFAULTS.update(dpo=dict(beta=0.1, kind="sigmoid", label_smoothing=0.0, rpo_alpha=1.0),
-                ipo=dict(beta=0.5, kind="ipo", rpo_alpha=1.0),
-                kto=dict(beta=0.1, lambda_d=1.0, lambda_u=1.0, rpo_alpha=1.0))  # preference losses (PREF_LOSSES)
-# group_advantages kind of each loss; cliff builds token advantages with cliff_advantages
-ADVANTAGE_KIND = {"reinforce": "mean", "rloo": "rloo", "dr_grpo": "mean", "gapo": "mean"}  # others: "std"
-
-
 def resolve_hparams(name, **overrides):
-    """DEFAULTS[name] with the non-None overrides applied. None means "the loss's default", so a None
+    """ALGOS[name].defaults with the non-None overrides applied. None means "the loss's default", so a None
     for a knob this loss lacks is ignored (a config can pass all its fields); other unknowns fail."""
     if name not in DEFAULTS:
         raise ValueError(f"unknown loss {name!r}; valid: {', '.join(DEFAULTS)}")
@@ -449,10 +423,6 @@ def pnpo(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, *
     return -masked_mean(obj, m, dim=1).sum() / _n(n_seqs, m.shape[0]), stats
 
 
-LOSSES = dict(reinforce=reinforce, rloo=rloo, ppo=ppo, grpo=grpo, dr_grpo=dr_grpo, dapo=dapo, gspo=gspo,
-              sapo=sapo, cispo=cispo, gapo=gapo, pnpo=pnpo, cliff=cliff)
-
-
 # ----------------------------------------------------------------------------- preference losses
 # Inputs are sequence sums of response log-probs (B,): the policy's with grad, the frozen reference's
 # without. Both losses are means over the batch (pairs for DPO/IPO, labelled answers for KTO).
@@ -509,9 +479,6 @@ def bt_loss(s_chosen, s_rejected):
     return -F.logsigmoid(d).mean(), {"pair_accuracy": (d > 0).float().mean(), "margin": d.mean().detach()}
 
 
-PREF_LOSSES = dict(dpo=dpo_loss, ipo=dpo_loss, kto=kto_loss)  # DEFAULTS[name]["kind"] picks DPO or IPO
-
-
 # ----------------------------------------------------------------------------- supervised baselines
 # The question every RL result must answer: does it beat plain supervised training on the same budget?
 
@@ -525,5 +492,41 @@ def nll_loss(logp, mask, n_tokens=None):
     return loss, {"nll": loss.detach()}
 
 
-BASELINES = dict(sft=nll_loss, rft=nll_loss)  # rl.py --loss=sft (gold answers) / --loss=rft (verified samples)
-DEFAULTS.update(sft={}, rft={})  # no hyperparameters
+# ----------------------------------------------------------------------------- the table of algorithms
+# One row per --loss=NAME: its function; its family ("pg": policy gradient on rollouts, "pref": preference
+# pairs, "sft": a supervised baseline, rl.py --loss=sft on gold answers, rft on verified samples); the
+# advantage rl.py gives it (a group_advantages kind, "cliff": cliff_advantages, "gae": PPO's); DAPO's
+# overlong shaping window in tokens (0 = off); and its hyperparameters at the papers' values, kept only
+# here (None = off, as clip_c, or given by rl.py, as dr_grpo's max_new_tokens).
+Algo = namedtuple("Algo", "fn family advantage overlong defaults")
+_CLIP = dict(eps_low=0.2, eps_high=0.2, kl_estimator="k3", clip_c=None)
+# rpo_alpha 1 (RPO's NLL on the chosen / desirable answers) rather than the papers' 0: without it, on the
+# offline pairs DPO lowered the chosen answers' likelihood along with the rejected ones and lost 15 points
+# here, IPO 3 and KTO 18 (docs/results.md). IPO's beta 0.5 (target margin 1/(2*beta) = 1 nat, not 5):
+# at 0.1 its squared loss outweighs the NLL and it still lost 3 points.
+ALGOS = {
+    "reinforce": Algo(reinforce, "pg", "mean", 0, dict(beta=0.0)),  # beta: the KL-in-reward coefficient
+    "rloo": Algo(rloo, "pg", "rloo", 0, dict(beta=0.0)),
+    # beta: k1 KL in the reward (kl_target set = adaptive); gamma/lam: GAE; vf_lr_mult: the value head's lr
+    "ppo": Algo(ppo, "pg", "gae", 0, dict(eps_low=0.2, eps_high=0.2, clip_c=None, vf_coef=0.1, vf_clip=0.2,
+                                          ent_coef=0.0, beta=0.05, kl_target=None, gamma=1.0, lam=0.95,
+                                          vf_lr_mult=10.0)),
+    "grpo": Algo(grpo, "pg", "std", 0, dict(_CLIP, beta=0.04)),
+    "dr_grpo": Algo(dr_grpo, "pg", "mean", 0, dict(_CLIP, beta=0.0, max_new_tokens=None)),
+    "dapo": Algo(dapo, "pg", "std", 2, dict(_CLIP, eps_high=0.28, beta=0.0)),
+    "gspo": Algo(gspo, "pg", "std", 0, dict(_CLIP, eps_low=3e-4, eps_high=4e-4, beta=0.0)),
+    "sapo": Algo(sapo, "pg", "std", 0, dict(tau_pos=1.0, tau_neg=1.05, beta=0.0, kl_estimator="k3")),
+    "cispo": Algo(cispo, "pg", "std", 0, dict(eps_max=5.0, beta=0.0, kl_estimator="k3")),
+    "gapo": Algo(gapo, "pg", "mean", 0, dict(_CLIP, eps_low=0.003, eps_high=0.005, beta=0.0)),  # eps_high_max
+    "pnpo": Algo(pnpo, "pg", "std", 0, dict(eps_low=7e-4, eps_high=9.5e-4, beta=0.0, kl_estimator="k3")),
+    "cliff": Algo(cliff, "pg", "cliff", 0, dict(_CLIP, beta=0.04)),
+    "dpo": Algo(dpo_loss, "pref", None, 0, dict(beta=0.1, kind="sigmoid", label_smoothing=0.0, rpo_alpha=1.0)),
+    "ipo": Algo(dpo_loss, "pref", None, 0, dict(beta=0.5, kind="ipo", rpo_alpha=1.0)),
+    "kto": Algo(kto_loss, "pref", None, 0, dict(beta=0.1, lambda_d=1.0, lambda_u=1.0, rpo_alpha=1.0)),
+    "sft": Algo(nll_loss, "sft", None, 0, {}),
+    "rft": Algo(nll_loss, "sft", None, 0, {}),
+}
+DEFAULTS = {n: a.defaults for n, a in ALGOS.items()}
+LOSSES = {n: a.fn for n, a in ALGOS.items() if a.family == "pg"}  # the families, as rl.py and compare.py
+PREF_LOSSES = {n: a.fn for n, a in ALGOS.items() if a.family == "pref"}  # ask for them
+BASELINES = {n: a.fn for n, a in ALGOS.items() if a.family == "sft"}

@@ -1,5 +1,5 @@
 """
-Reinforcement learning from the SFT checkpoint: any loss of losses.LOSSES or losses.PREF_LOSSES.
+Reinforcement learning from the SFT checkpoint: any loss of losses.ALGOS.
 
     python rl.py --loss=grpo          # or dapo, dr_grpo, gspo, sapo, cispo, gapo, pnpo, cliff, reinforce, rloo, ppo
     python rl.py --loss=dapo --lr=1e-4 --group_size=8 --max_iters=50
@@ -58,14 +58,11 @@ from verify import exact_answer, first_wrong_token, overlong_penalty
 # The progress line shows those of these rl/ keys that the step logged
 SHOWN = ("loss", "reward_mean", "rm_reward", "accuracy", "margin", "pair_accuracy", "z", "log_ratio", "n_groups", "n_seqs",
          "zero_std_frac", "entropy", "resp_len", "logp_mismatch", "explained_variance", "value_loss")
-# Rollout-side defaults that differ by loss (the loss-side ones live in losses.DEFAULTS): DAPO's
-# overlong shaping window (Yu et al. 2025), on for dapo only.
-OVERLONG_DEFAULT = {"dapo": 2}
 
 
 @dataclass
 class Config:
-    loss: str = "grpo"  # a name in losses.LOSSES, losses.PREF_LOSSES or losses.BASELINES (sft, rft)
+    loss: str = "grpo"  # a name in losses.ALGOS: policy gradient, preference (dpo, ipo, kto) or sft, rft
     pairs: str = "offline"  # preference losses: "offline" (data/ files) or "online" (from policy samples)
     pairs_per_step: int = 256  # offline preference losses: pairs per step (kto: 2x as many labelled answers); sft: problems
     sft_ckpt: str = "out/sft-mul/ckpt.pt"
@@ -87,7 +84,7 @@ class Config:
     max_new_tokens: int = 8
     dynamic_sampling: bool = True  # DAPO's: drop all-equal groups (no signal), refill with new prompts
     max_refills: int = 4  # extra rollout rounds per step to refill dropped groups
-    overlong_window: Optional[int] = None  # DAPO overlong shaping window in tokens, 0 = off; None = 2 for dapo
+    overlong_window: Optional[int] = None  # DAPO overlong shaping window in tokens, 0 = off; None = the loss's
     prompt_selection: bool = True  # skip (once) prompts whose group was all-right or all-wrong last visit
     # optimisation
     lr: float = 2e-4
@@ -97,7 +94,7 @@ class Config:
     ppo_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch
     micro_batch_size: int = 64  # rows per forward/backward and per sampler call (whole groups): memory, not the math
-    # loss hyperparameters: None = the loss's own default (losses.DEFAULTS), printed and logged
+    # loss hyperparameters: None = the loss's own default (losses.ALGOS), printed and logged
     beta: Optional[float] = None
     eps_low: Optional[float] = None
     eps_high: Optional[float] = None
@@ -128,12 +125,13 @@ class Config:
 
 def check_config(cfg):
     """Reject bad values before any work starts."""
-    if cfg.loss not in L.LOSSES and cfg.loss not in L.PREF_LOSSES and cfg.loss not in L.BASELINES:
+    if cfg.loss not in L.ALGOS:
         raise UserError(f"unknown loss {cfg.loss!r}; valid: {', '.join(sorted(L.LOSSES))} "
                         f"(preference: {', '.join(sorted(L.PREF_LOSSES))}; baselines: {', '.join(sorted(L.BASELINES))})")
     if cfg.reward not in ("verifier", "rm"):
         raise UserError(f"reward must be 'verifier' or 'rm', got {cfg.reward!r}")
-    if cfg.reward == "rm" and (cfg.loss in L.PREF_LOSSES or cfg.loss in L.BASELINES or cfg.loss in ("cliff", "gapo")):
+    family = L.ALGOS[cfg.loss].family  # pg, pref or sft
+    if cfg.reward == "rm" and (family != "pg" or cfg.loss in ("cliff", "gapo")):
         raise UserError(f"--reward=rm gives real-valued rewards; {cfg.loss} needs the binary verifier")
     if cfg.pairs not in ("offline", "online"):
         raise UserError(f"pairs must be 'offline' or 'online', got {cfg.pairs!r}")
@@ -156,8 +154,7 @@ def check_config(cfg):
     if cfg.clip_c is not None and cfg.clip_c <= 1:  # c = 0.5 at r = 1, A = -1 would turn PPO's -1 into -0.5
         raise UserError(f"clip_c must be > 1 (dual clip bounds the objective below at clip_c*A for A < 0; "
                         f"3 is usual), or unset (off); got {cfg.clip_c}")
-    one_step = cfg.loss in ("reinforce", "rloo") or cfg.loss in L.PREF_LOSSES or cfg.loss in L.BASELINES
-    if one_step and (cfg.ppo_epochs > 1 or cfg.minibatches > 1):
+    if (family != "pg" or cfg.loss in ("reinforce", "rloo")) and (cfg.ppo_epochs > 1 or cfg.minibatches > 1):
         why = ("later steps would be off-policy with no importance weight" if cfg.loss in ("reinforce", "rloo")
                else "its update has no epochs or minibatches")
         raise UserError(f"{cfg.loss} takes one optimizer step per batch ({why}): "
@@ -165,7 +162,7 @@ def check_config(cfg):
 
 
 def overlong_window(cfg):
-    return cfg.overlong_window if cfg.overlong_window is not None else OVERLONG_DEFAULT.get(cfg.loss, 0)
+    return cfg.overlong_window if cfg.overlong_window is not None else L.ALGOS[cfg.loss].overlong
 
 
 class PromptSampler:
@@ -303,7 +300,8 @@ def advantages(cfg, batch, hp, ref_logp):
     """(N,) or (N, L) advantages for the loss, plus extra keyword inputs some losses need."""
     G = cfg.group_size
     R = batch["reward"]  # (N,)
-    if cfg.loss == "ppo":  # InstructGPT: token rewards -beta*k1 + score at the last token, GAE, whitened
+    kind = L.ALGOS[cfg.loss].advantage
+    if kind == "gae":  # PPO as InstructGPT: token rewards -beta*k1 + score at the last token, GAE, whitened
         mask = batch["response_mask"][:, batch["prompt_len"]:]
         lp = batch["logps"]
         rewards = L.kl_in_reward(R, lp, ref_logp if hp["beta"] else lp, mask, hp["beta"])  # (N, L)
@@ -317,11 +315,11 @@ def advantages(cfg, batch, hp, ref_logp):
         R = L.kl_in_reward(R, batch["logps"], ref_logp, mask, hp["beta"]).sum(1)
     R = R.view(-1, G)  # (n_groups, G)
     extra = {}
-    if cfg.loss == "cliff":
+    if kind == "cliff":
         mask = batch["response_mask"][:, batch["prompt_len"]:].view(R.size(0), G, -1)
         adv = L.cliff_advantages(R, batch["first_wrong"].view(-1, G), mask).flatten(0, 1)  # (N, L)
     else:
-        adv = L.group_advantages(R, L.ADVANTAGE_KIND.get(cfg.loss, "std")).flatten()  # (N,)
+        adv = L.group_advantages(R, kind).flatten()  # (N,)
     if cfg.loss == "gapo":
         extra = dict(group_correct=batch["correct"].view(-1, G).sum(1).repeat_interleave(G), group_size=G)
     return adv, extra
@@ -558,7 +556,7 @@ def main(cfg):
                                **({"max_new_tokens": cfg.max_new_tokens} if "max_new_tokens" in L.DEFAULTS[cfg.loss] else {}))
     except ValueError as e:
         raise UserError(str(e)) from None
-    pref, base = cfg.loss in L.PREF_LOSSES, cfg.loss in L.BASELINES
+    pref, base = L.ALGOS[cfg.loss].family == "pref", L.ALGOS[cfg.loss].family == "sft"
     dyn, window = cfg.dynamic_sampling, overlong_window(cfg)
     if (cfg.loss in ("cliff", "gapo") or pref) and window > 0:
         raise UserError(f"{cfg.loss} needs binary rewards: overlong shaping must be off (--overlong_window=0)")

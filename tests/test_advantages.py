@@ -139,3 +139,12 @@ def test_ppo_token_rewards_gae_and_whitening(beta, gamma, lam, with_ref):
     torch.testing.assert_close(got, _pad(white, 0.0), atol=1e-5, rtol=0)
     torch.testing.assert_close(extra["returns"], _pad(ret, 0.0), atol=1e-6, rtol=0)
     assert extra["old_values"] is batch["values"]
+
+
+def test_only_dapo_shapes_overlong_answers_by_default():
+    """DAPO's overlong window (2 tokens) is the only rollout default that differs by loss; the flag
+    overrides it either way."""
+    windows = {name: rl.overlong_window(rl.Config(loss=name)) for name in L.ALGOS}
+    assert windows.pop("dapo") == 2 and set(windows.values()) == {0}
+    assert rl.overlong_window(rl.Config(loss="dapo", overlong_window=0)) == 0
+    assert rl.overlong_window(rl.Config(loss="grpo", overlong_window=3)) == 3
