@@ -368,8 +368,8 @@ def record_rows(tok, recs, reverse):
     """Offline JSONL records -> (rows, labels): DPO pairs give chosen rows then rejected rows (labels
     None); KTO records give one row each and their desirable labels (N,)."""
     if "label" in recs[0]:
-        return gold_rows(tok, [(r["prompt"], r["completion"]) for r in recs], reverse), torch.tensor(
-            [r["label"] for r in recs])
+        labels = torch.tensor([r["label"] for r in recs])  # (N,)
+        return gold_rows(tok, [(r["prompt"], r["completion"]) for r in recs], reverse), labels
     pairs = [(r["prompt"], r["chosen"]) for r in recs] + [(r["prompt"], r["rejected"]) for r in recs]
     return gold_rows(tok, pairs, reverse), None
 
