@@ -35,9 +35,11 @@ from dataclasses import dataclass, fields, replace
 
 import losses as L
 import rl
-from common import Logger, UserError, fmt_time, load_config, pass_k_name, print_config, run_cli
+from config import UserError, load_config, print_config, run_cli
+from evaluate import pass_k_name
+from logger import Logger, fmt_time
 from data.tasks import ensure_data
-from model import ckpt_settings, load_checkpoint
+from checkpoint import ckpt_settings, load_checkpoint
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 ALL = list(L.LOSSES) + list(L.PREF_LOSSES) + list(L.BASELINES)  # the table's row order

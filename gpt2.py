@@ -18,7 +18,8 @@ import os
 import re
 
 from data.tasks import DataError
-from model import GPT, CheckpointError, GPTConfig
+from checkpoint import CheckpointError
+from model import GPT, GPTConfig
 from tokenizer import TokenizerError
 
 # ----------------------------------------------------------------------------- weights

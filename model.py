@@ -13,14 +13,13 @@ The GPT (nanoGPT-style, GPT-2 names), its KV cache, the batched sampler, and che
 - `save_checkpoint` / `load_checkpoint`: one plain dict, atomic write, `weights_only=True` load.
 """
 import math
-import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-import tokenizer as tokenizers
+from losses import token_logps
 
 
 @dataclass
@@ -189,12 +188,6 @@ class GPT(nn.Module):
             return logits, self.score_head(x).squeeze(-1)  # (B, T)
         return logits
 
-    def flops_per_token(self):
-        """Training FLOPs per token (forward + backward) at full context, as in the PaLM paper's
-        appendix B and nanoGPT: 6 * parameters + 12 * layers * width * block_size (attention)."""
-        c = self.config
-        return 6 * sum(p.numel() for p in self.parameters()) + 12 * c.n_layer * c.n_embd * c.block_size
-
     def configure_optimizer(self, lr, weight_decay, betas):
         """AdamW; weight decay only on matrices (dim >= 2), not on biases and LayerNorm gains."""
         params = [p for p in self.parameters() if p.requires_grad]
@@ -301,83 +294,12 @@ def response_forward(model, ids, offsets, P, G=1, return_scalar=False):
     return out if return_scalar else out[0]
 
 
-# ----------------------------------------------------------------------------- checkpoints
-
-class CheckpointError(RuntimeError):
-    pass
-
-
-def unwrap(model):
-    """The plain GPT inside a DDP and/or torch.compile wrapper."""
-    model = getattr(model, "module", model)
-    return getattr(model, "_orig_mod", model)
-
-
-def save_checkpoint(path, model, optimizer=None, config=None, step=0, tokenizer=None, **extra):
-    """One plain dict (tensors, numbers, strings, lists, dicts): loadable with weights_only=True.
-    Written to a temp file, fsynced, then renamed: a crash mid-write never leaves a broken ckpt."""
-    raw = unwrap(model)
-    ckpt = {"model": raw.state_dict(), "model_args": asdict(raw.config),
-            "optimizer": optimizer.state_dict() if optimizer is not None else None,
-            "config": dict(config or {}), "step": step,
-            "tokenizer": tokenizer.to_dict() if tokenizer is not None else None, **extra}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(ckpt, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path, hint="train one with: python sft.py configs/mul.py"):
-    """Load a checkpoint dict with weights_only=True; every failure is one clear CheckpointError."""
-    if not os.path.exists(path):
-        raise CheckpointError(f"{path}: no such checkpoint ({hint})")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        raise CheckpointError(f"{path}: not a readable nanorl checkpoint (truncated, corrupt or not ours: "
-                              f"{e.__class__.__name__}: {msg})") from None
-    missing = [k for k in ("model", "model_args", "config", "step", "tokenizer") if not isinstance(ckpt, dict) or k not in ckpt]
-    if missing:
-        raise CheckpointError(f"{path}: not a nanorl checkpoint (missing {', '.join(missing)})")
-    return ckpt
-
-
-def ckpt_settings(ckpt, path, *keys):
-    """The values the writing script stored under these keys of a checkpoint's config (task,
-    reverse, verifier, lik_coef): never a reader's own fallback, which could silently change the task."""
-    missing = [k for k in keys if k not in ckpt["config"]]
-    if missing:
-        raise CheckpointError(f"{path}: its config lacks {', '.join(map(repr, missing))} "
-                              f"(written by an older nanorl?); retrain it with the current scripts")
-    return tuple(ckpt["config"][k] for k in keys)
-
-
-def model_from_checkpoint(ckpt, path="checkpoint", scalar_head=None):
-    """Build (model, tokenizer) from a loaded checkpoint dict; scalar_head=True adds a fresh head
-    when the checkpoint has none (reward model / value head initialised from the SFT policy)."""
-    try:
-        cfg = GPTConfig(**ckpt["model_args"])
-        tok = tokenizers.from_dict(ckpt["tokenizer"])
-    except (TypeError, tokenizers.TokenizerError) as e:
-        raise CheckpointError(f"{path}: incompatible checkpoint ({e})") from None
-    if tok.vocab_size != cfg.vocab_size:
-        raise CheckpointError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model {cfg.vocab_size}")
-    has_head = cfg.scalar_head
-    if scalar_head is not None:
-        cfg.scalar_head = scalar_head
-    model = GPT(cfg)
-    state = ckpt["model"]
-    if scalar_head and not has_head:  # keep the fresh head
-        state = {**state, **{f"score_head.{k}": v for k, v in model.score_head.state_dict().items()}}
-    if scalar_head is False and has_head:
-        state = {k: v for k, v in state.items() if not k.startswith("score_head.")}
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as e:
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise CheckpointError(f"{path}: weights do not fit the model it describes ({first})") from None
-    return model, tok
+def rm_scores(model, ids, response_mask, offsets, lik_coef):
+    """Reward-model score of each row of ids (N, T) whose response tokens response_mask (N, T) marks:
+        s(x, y) = head(h at y's last token, the EOS of a finished answer) + lik_coef * sum_t log p(y_t | x, y_<t)
+    the scalar head plus lik_coef times the answer's log-likelihood under the model's own LM head.
+    Returns the scores (N,) and the response tokens' log-probs (N, T-1), 0 off the response."""
+    logits, s = model(ids, offsets, return_scalar=True)  # (N, T, V), (N, T)
+    logp = token_logps(logits[:, :-1], ids[:, 1:], response_mask[:, 1:])  # (N, T-1)
+    last = response_mask.shape[1] - 1 - response_mask.flip(1).argmax(1)  # (N,) index of the last response token
+    return s[torch.arange(len(ids), device=ids.device), last] + lik_coef * logp.sum(1), logp

@@ -29,10 +29,13 @@ from dataclasses import asdict, dataclass
 import torch
 
 import losses as L
-from common import (Logger, UserError, all_reduce, fmt_time, gold_rows, init_distributed, mean_over_ranks, pack,
-                    print_config, record_rows, resolve_device, responses, run_cli)
+from config import UserError, print_config, run_cli
+from ddp import all_reduce, init_distributed, mean_over_ranks, resolve_device
+from evaluate import gold_rows, pack, record_rows, responses
+from logger import Logger, fmt_time
 from data.tasks import ensure_data, load_problems, load_records
-from model import ckpt_settings, generate, load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint, save_checkpoint
+from model import generate, rm_scores
 
 
 @dataclass
@@ -59,17 +62,6 @@ class Config:
     wandb_project: str = "nanorl"
     wandb_run_name: str = ""
     wandb_group: str = ""  # runs of one experiment
-
-
-def rm_scores(model, ids, response_mask, offsets, lik_coef):
-    """Reward-model score of each row of ids (N, T) whose response tokens response_mask (N, T) marks:
-        s(x, y) = head(h at y's last token, the EOS of a finished answer) + lik_coef * sum_t log p(y_t | x, y_<t)
-    the scalar head plus lik_coef times the answer's log-likelihood under the model's own LM head.
-    Returns the scores (N,) and the response tokens' log-probs (N, T-1), 0 off the response."""
-    logits, s = model(ids, offsets, return_scalar=True)  # (N, T, V), (N, T)
-    logp = L.token_logps(logits[:, :-1], ids[:, 1:], response_mask[:, 1:])  # (N, T-1)
-    last = response_mask.shape[1] - 1 - response_mask.flip(1).argmax(1)  # (N,) index of the last response token
-    return s[torch.arange(len(ids), device=ids.device), last] + lik_coef * logp.sum(1), logp
 
 
 def scores(model, rows, pad_id, lik_coef):

@@ -44,14 +44,13 @@ from typing import Optional
 import torch
 
 import losses as L
-from common import (Logger, StopFlag, UserError, all_reduce, encode_prompts, evaluate, fmt_time, gather_objects,
-                    gold_rows, grade, init_distributed, mean_over_ranks, nonfinite, pack, pass_k_name, print_config,
-                    record_rows, resolve_device, responses, run_cli, sync_grads, truncate_metrics, verifier_of,
-                    world_size)
+from config import UserError, print_config, run_cli
+from ddp import all_reduce, gather_objects, init_distributed, mean_over_ranks, resolve_device, sync_grads, world_size
+from evaluate import encode_prompts, evaluate, gold_rows, grade, pack, pass_k_name, record_rows, responses, verifier_of
+from logger import Logger, StopFlag, fmt_time, nonfinite, truncate_metrics
 from data.tasks import ensure_data, load_records, load_split
-from model import (ckpt_settings, generate, load_checkpoint, model_from_checkpoint, response_forward,
-                   save_checkpoint, unwrap)
-from reward_model import rm_scores
+from checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint, save_checkpoint, unwrap
+from model import generate, response_forward, rm_scores
 from tokenizer import CharTokenizer
 from verify import exact_answer, first_wrong_token, overlong_penalty
 
@@ -591,7 +590,7 @@ def main(cfg):
         kind = "kto" if cfg.loss == "kto" else "pairs"
         recs = load_records(root / f"{kind}_train.jsonl", kind)[rank::world]
         records = PromptSampler(len(recs), torch.Generator().manual_seed(seed + 2), selection=False)
-    fwd = torch.compile(model) if cfg.compile else model  # under DDP, common.sync_grads sums the gradients
+    fwd = torch.compile(model) if cfg.compile else model  # under DDP, ddp.sync_grads sums the gradients
     amp = torch.autocast(dev.type, dtype=torch.bfloat16, enabled=cfg.bf16 if cfg.bf16 is not None else dev.type == "cuda")
     ckpt_path, best, start, m0, m = os.path.join(out_dir, "ckpt.pt"), -1.0, 0, None, None
     t_train, next_eval_t = 0.0, cfg.eval_seconds  # training time so far (evals excluded); next timed eval

@@ -14,9 +14,11 @@ from pathlib import Path
 
 import torch
 
-from common import UserError, encode_prompts, grade, responses, run_cli, verifier_of
+from config import UserError, run_cli
+from evaluate import encode_prompts, grade, responses, verifier_of
 from data.tasks import parse_answer
-from model import ckpt_settings, generate, load_checkpoint, model_from_checkpoint
+from checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
+from model import generate
 
 
 @dataclass

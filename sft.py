@@ -25,11 +25,13 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from common import (Logger, StopFlag, UserError, all_reduce, bf16_default, evaluate, fmt_time, gather_objects,
-                    gold_rows, init_distributed, nonfinite, peak_flops, print_config, resolve_device, run_cli,
-                    truncate_metrics, verifier_of)
+from config import UserError, print_config, run_cli
+from ddp import all_reduce, bf16_default, gather_objects, init_distributed, resolve_device
+from evaluate import evaluate, gold_rows, verifier_of
+from logger import Logger, StopFlag, fmt_time, nonfinite, truncate_metrics
 from data.tasks import TASKS, load_split, task_alphabet
-from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, save_checkpoint
+from model import GPT, GPTConfig
 from tokenizer import get_tokenizer
 
 
@@ -201,11 +203,9 @@ def main(cfg):
             print(f"resumed from {ckpt_path} at step {step}", flush=True)
     # native bf16 matmuls (AVX512-BF16 / AMX, CUDA) make a CPU step ~1.5x faster; elsewhere bf16 is emulated
     use_bf16 = cfg.bf16 if cfg.bf16 is not None else bf16_default(dev)
-    peak, peak_src = peak_flops(dev)  # for MFU
-    tokens_per_step = cfg.batch_size // world * x.size(1)  # every position of a row is computed
     if master:
         print(f"model: {sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on {dev}, bf16 autocast "
-              f"{use_bf16}, compile {cfg.compile}, {world} rank(s); MFU against {peak / 1e12:.2f} TFLOP/s ({peak_src})",
+              f"{use_bf16}, compile {cfg.compile}, {world} rank(s)",
               flush=True)
     logger = Logger(cfg.out_dir, cfg, enabled=master)
 
@@ -235,6 +235,7 @@ def main(cfg):
             save_checkpoint(os.path.join(cfg.out_dir, name), model, opt, asdict(cfg), step, tok, ranks=ranks,
                             eval_rng=eval_gen.get_state(), best_val=best)
 
+    tokens_per_step = cfg.batch_size // world * x.size(1)  # every position of a row is computed
     t0, stop, train_s, train_steps = time.time(), StopFlag(), 0.0, 0
     model.train()
     try:
@@ -286,7 +287,7 @@ def main(cfg):
                 tok_s = tokens_per_step * train_steps / train_s  # this rank's training tokens/s since the last log
                 loss = all_reduce(loss.item()).item() / world  # the mean over every rank's target tokens
                 logger.log({"step": step, "train/loss": loss, "train/lr": lr, "train/grad_norm": gnorm.item(),
-                            "perf/elapsed_s": dt, "perf/tok_s": tok_s * world, "perf/mfu": tok_s * model.flops_per_token() / peak})
+                            "perf/elapsed_s": dt, "perf/tok_s": tok_s * world})
                 train_s, train_steps = 0.0, 0
                 if master:
                     print(f"step {step:5d}/{cfg.max_iters} | loss {loss:.4f} | lr {lr:.2e} | {fmt_time(dt)}, "

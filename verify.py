@@ -15,7 +15,7 @@ How the caller uses them: decode the response tokens, and if the response ended 
 and call `VERIFIERS[name](completion, gold, reverse=...)`; a response truncated at max_new_tokens
 without EOS gets reward 0 without calling any verifier (the caller's job: "1081" cut off before
 EOS may still be the start of "10810"), and so does one with a special token (PAD, EOS) before its
-end, which decoding would drop (common.grade). `overlong_penalty` is added on top (DAPO), and
+end, which decoding would drop (evaluate.grade). `overlong_penalty` is added on top (DAPO), and
 `first_wrong_token` gives CLIFF the token from which a wrong response's negative advantage starts.
 """
 import re

@@ -20,9 +20,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import losses as L  # noqa: E402
 import rl  # noqa: E402
-from common import load_config  # noqa: E402
+from config import load_config  # noqa: E402
 from data.tasks import ALPHABET, ensure_data, load_problems  # noqa: E402
-from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint  # noqa: E402
+from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
 
 

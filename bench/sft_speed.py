@@ -18,7 +18,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import sft  # noqa: E402
-from common import load_config  # noqa: E402
+from config import load_config  # noqa: E402
 from data.tasks import ALPHABET, load_split  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402

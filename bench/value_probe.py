@@ -19,10 +19,11 @@ import os
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from common import encode_prompts, score_samples  # noqa: E402
+from evaluate import encode_prompts, score_samples  # noqa: E402
 from losses import explained_variance, prefix_prob, token_logps  # noqa: E402
 from data.tasks import load_split  # noqa: E402
-from model import generate, load_checkpoint, model_from_checkpoint, response_forward  # noqa: E402
+from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from model import generate, response_forward  # noqa: E402
 
 args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
 ckpt_path, n, G = args.get("ckpt", "out/sft-mul/ckpt.pt"), int(args.get("prompts", 1024)), 16

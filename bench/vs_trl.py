@@ -31,10 +31,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import losses as L  # noqa: E402
 import rl  # noqa: E402
-from common import grade, load_config  # noqa: E402
+from config import load_config  # noqa: E402
+from evaluate import grade  # noqa: E402
 from data.tasks import ALPHABET, format_prompt, load_split  # noqa: E402
 from gpt2 import HF_TRANSPOSED  # noqa: E402
-from model import GPT, GPTConfig, load_checkpoint, model_from_checkpoint  # noqa: E402
+from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from model import GPT, GPTConfig  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
 
 

@@ -9,7 +9,7 @@ import time
 import pytest
 
 import compare
-from common import UserError
+from config import UserError
 
 from test_rl import ROOT, sft_ckpt  # noqa: F401 (the tiny SFT checkpoint fixture)
 

@@ -4,7 +4,7 @@ from typing import Optional
 
 import pytest
 
-from common import UserError, load_config
+from config import UserError, load_config
 
 
 @dataclass

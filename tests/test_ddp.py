@@ -71,7 +71,7 @@ CASES = [("grpo", "grpo", [0, 0, 1, 1], {}), ("dapo", "dapo", [0, 0, 1, 1], {}),
 def ddp_worker(rank, world, port, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    from common import init_distributed
+    from ddp import init_distributed
     init_distributed(torch.device("cpu"), timeout_s=60)
     for name, loss, owner, kw in CASES:
         model, tok, batch = rollout_batch()
@@ -108,7 +108,7 @@ def test_ranks_with_any_share_of_the_groups_equal_one_process_on_the_whole_batch
 
 RANK_SCRIPT = """
 import os, sys
-import common, rl
+import config, rl
 if os.environ["RANK"] == "1":  # dies in its second update; must never write a file
     real, n = rl.update, [0]
     def dying(*a, **k):
@@ -120,7 +120,7 @@ if os.environ["RANK"] == "1":  # dies in its second update; must never write a f
     rl.save_checkpoint = lambda *a, **k: sys.exit("rank 1 wrote a checkpoint")
     rl.truncate_metrics = lambda *a, **k: sys.exit("rank 1 wrote metrics")
 sys.argv = ["rl.py"] + sys.argv[1:]
-common.run_cli(rl.main, rl.Config)
+config.run_cli(rl.main, rl.Config)
 """
 
 
@@ -145,10 +145,10 @@ def test_a_dead_rank_makes_the_other_exit_clearly(sft_ckpt, tmp_path):  # noqa: 
 
 UNEVEN_SCRIPT = """
 import sys
-import common, rl
+import config, rl
 rl.exact_answer = lambda text, gold, reverse=False: float(text[:1] == "1")  # groups with signal
 sys.argv = ["rl.py"] + sys.argv[1:]
-common.run_cli(rl.main, rl.Config)
+config.run_cli(rl.main, rl.Config)
 """
 
 

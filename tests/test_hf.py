@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from gpt2 import from_pretrained
-from model import CheckpointError
+from checkpoint import CheckpointError
 
 torch.set_num_threads(1)
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from losses import response_logps
-from model import GPT, CheckpointError, GPTConfig, generate, load_checkpoint, model_from_checkpoint, save_checkpoint
+from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
+from model import GPT, GPTConfig, generate
 from tokenizer import CharTokenizer
 
 torch.set_num_threads(1)

@@ -8,8 +8,9 @@ import torch
 
 import reward_model
 import rl
-from common import UserError
-from model import GPT, GPTConfig, load_checkpoint, save_checkpoint
+from config import UserError
+from checkpoint import load_checkpoint, save_checkpoint
+from model import GPT, GPTConfig
 from tokenizer import CharTokenizer
 
 from test_rl import run, sft_ckpt, varied_reward  # noqa: F401 (fixtures)

@@ -199,7 +199,7 @@ def test_preference_losses_run_and_log(sft_ckpt, tmp_path, monkeypatch, loss, pa
 
 
 def test_preference_config_errors(sft_ckpt, tmp_path):  # noqa: F811
-    from common import UserError
+    from config import UserError
     with pytest.raises(UserError, match="preference: dpo, ipo, kto"):
         rl.main(rl.Config(loss="nonsense", sft_ckpt=sft_ckpt))
     with pytest.raises(UserError, match="pairs must be"):

@@ -14,8 +14,8 @@ import torch
 import losses as L
 import rl
 import sft
-from common import UserError
-from model import load_checkpoint
+from config import UserError
+from checkpoint import load_checkpoint
 from test_rl import ROOT, TINY_RL, sft_ckpt, varied_reward  # noqa: F401 (fixtures)
 
 TINY_SFT = dict(n_layer=1, n_head=2, n_embd=32, batch_size=32, warmup_iters=5, eval_samples=2, threads=1)

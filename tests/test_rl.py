@@ -11,7 +11,7 @@ import torch
 import losses as L
 import rl
 import sft
-from model import load_checkpoint
+from checkpoint import load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_SFT = dict(n_layer=1, n_head=2, n_embd=32, batch_size=64, lr=3e-3, warmup_iters=5, eval_interval=100,
@@ -136,9 +136,9 @@ def test_cli_errors(tmp_path):
 def test_sft_baseline_trains_on_gold_answers(sft_ckpt, tmp_path):
     """--loss=sft: pairs_per_step gold (prompt, answer + EOS) rows per step, per-token NLL; the NLL of
     gold answers of train problems falls from the SFT model's."""
-    from common import gold_rows, pack
+    from evaluate import gold_rows, pack
     from data.tasks import ensure_data, load_problems
-    from model import model_from_checkpoint
+    from checkpoint import model_from_checkpoint
     res, rows = run(sft_ckpt, tmp_path, loss="sft", pairs_per_step=64, lr=3e-3, max_iters=20, eval_interval=20)
     train = [r for r in rows if "rl/loss" in r]
     assert len(train) == 20 and all(r["rl/n_seqs"] == 64 and r["rl/loss"] == r["rl/nll"] > 0 for r in train)
@@ -305,7 +305,7 @@ def test_settings_that_change_the_algorithm_are_refused(tmp_path, kw, msg):
 def test_cliff_is_refused_without_the_exact_verifier_or_with_bpe(sft_ckpt, tmp_path, monkeypatch):
     """CLIFF compares the response with the gold tokens: another verifier (or BPE, where many token
     sequences spell one answer) can accept an answer that differs from them."""
-    from model import save_checkpoint, model_from_checkpoint
+    from checkpoint import model_from_checkpoint, save_checkpoint
     ck = load_checkpoint(sft_ckpt)
     model, tok = model_from_checkpoint(ck, sft_ckpt)
     save_checkpoint(str(tmp_path / "final.pt"), model, None, {**ck["config"], "verifier": "final"}, 0, tok)
@@ -366,7 +366,8 @@ def test_checkpoint_settings_have_one_source_of_truth(sft_ckpt, tmp_path):
     reader fails naming the key."""
     import reward_model
     import sample
-    from model import CheckpointError, GPT, GPTConfig, save_checkpoint, model_from_checkpoint
+    from checkpoint import CheckpointError, model_from_checkpoint, save_checkpoint
+    from model import GPT, GPTConfig
     ck = load_checkpoint(sft_ckpt)
     model, tok = model_from_checkpoint(ck, sft_ckpt)
     cfg = {k: v for k, v in ck["config"].items() if k != "reverse"}

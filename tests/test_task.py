@@ -10,9 +10,9 @@ import pytest
 
 import rl
 import sft
-from common import UserError
+from config import UserError
 from data.tasks import DataError
-from model import load_checkpoint
+from checkpoint import load_checkpoint
 
 from test_rl import ROOT, TINY_SFT
 

@@ -271,7 +271,7 @@ def char_and_bpe(alphabet):
 def test_a_special_token_before_eos_makes_any_answer_wrong(name, text, gold):
     """decode drops PAD (and BPE specials), so '10<pad>81' would read as '1081': the verifier must see
     what was sampled. Every special token at every position before the final EOS scores 0."""
-    from common import grade
+    from evaluate import grade
     for tok in char_and_bpe("".join(sorted(set(text)))):
         ids = tok.encode(text)
         assert tok.special_ids == ({0, 1} if tok.pad_id == 0 else {256, 257})
