@@ -12,15 +12,13 @@ The GPT (nanoGPT-style, GPT-2 names), its KV cache, the batched sampler, and che
   (PPO) or reward head (reward model).
 - `save_checkpoint` / `load_checkpoint`: one plain dict, atomic write, `weights_only=True` load.
 """
+import hashlib
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-
-from losses import token_logps
-
 
 @dataclass
 class GPTConfig:
@@ -188,12 +186,23 @@ class GPT(nn.Module):
             return logits, self.score_head(x).squeeze(-1)  # (B, T)
         return logits
 
-    def configure_optimizer(self, lr, weight_decay, betas):
-        """AdamW; weight decay only on matrices (dim >= 2), not on biases and LayerNorm gains."""
-        params = [p for p in self.parameters() if p.requires_grad]
+    def configure_optimizer(self, lr, weight_decay, betas, head_lr_scale=None):
+        """AdamW; weight decay only on matrices (dim >= 2), not on biases and LayerNorm gains. With
+        head_lr_scale, the scalar head gets its own group at lr * head_lr_scale, without decay."""
+        head = set(self.score_head.parameters()) if head_lr_scale and self.score_head else set()
+        params = [p for p in self.parameters() if p.requires_grad and p not in head]
         groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+        if head:  # PPO's value head starts at zero and must catch up with the returns: a larger lr
+            groups.append({"params": list(head), "weight_decay": 0.0, "lr_scale": head_lr_scale})
         return torch.optim.AdamW(groups, lr=lr, betas=betas)
+
+
+def seeded(device, *key):
+    """A torch.Generator seeded from a key such as ("rollout", seed, rank, step): one stream per key,
+    the same in every run, so a resumed run needs no saved RNG state."""
+    digest = hashlib.sha256(repr(key).encode()).digest()
+    return torch.Generator(device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
 def sample_next(logits, temperature, top_k, generator):
@@ -292,14 +301,3 @@ def response_forward(model, ids, offsets, P, G=1, return_scalar=False):
             part.append(t)
     out = tuple(torch.cat(part, dim=1) for part in parts)
     return out if return_scalar else out[0]
-
-
-def rm_scores(model, ids, response_mask, offsets, lik_coef):
-    """Reward-model score of each row of ids (N, T) whose response tokens response_mask (N, T) marks:
-        s(x, y) = head(h at y's last token, the EOS of a finished answer) + lik_coef * sum_t log p(y_t | x, y_<t)
-    the scalar head plus lik_coef times the answer's log-likelihood under the model's own LM head.
-    Returns the scores (N,) and the response tokens' log-probs (N, T-1), 0 off the response."""
-    logits, s = model(ids, offsets, return_scalar=True)  # (N, T, V), (N, T)
-    logp = token_logps(logits[:, :-1], ids[:, 1:], response_mask[:, 1:])  # (N, T-1)
-    last = response_mask.shape[1] - 1 - response_mask.flip(1).argmax(1)  # (N,) index of the last response token
-    return s[torch.arange(len(ids), device=ids.device), last] + lik_coef * logp.sum(1), logp

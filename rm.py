@@ -1,0 +1,62 @@
+"""
+The reward model at work: `rm_scores` (a reward_model.py checkpoint's score of answers) and
+`RewardModel`, the frozen scorer behind `python rl.py --loss=ppo --reward=rm`.
+"""
+import math
+
+import torch
+
+from checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
+from config import UserError
+from losses import token_logps
+
+
+def rm_scores(model, ids, response_mask, offsets, lik_coef):
+    """Score of each row of ids (N, T) whose answer tokens response_mask (N, T) marks:
+        s(x, y) = head(h at y's last token, the EOS of a finished answer) + lik_coef * log p(y | x)
+    under the model's own LM head. Returns the scores (N,) and the answer's log-probs (N, T-1)."""
+    logits, s = model(ids, offsets, return_scalar=True)  # (N, T, V), (N, T)
+    logp = token_logps(logits[:, :-1], ids[:, 1:], response_mask[:, 1:])  # (N, T-1)
+    last = response_mask.shape[1] - 1 - response_mask.flip(1).argmax(1)  # (N,) last answer token
+    return s[torch.arange(len(ids), device=ids.device), last] + lik_coef * logp.sum(1), logp
+
+
+class RewardModel:
+    """A frozen reward model scoring rollouts (rm_scores, with the lik_coef it was trained with), and
+    the running mean and std of every score so far (parallel-variance update) that normalise them."""
+
+    def __init__(self, model, lik_coef):
+        self.model, self.lik_coef = model.eval().requires_grad_(False), lik_coef
+        self.n, self.mean, self.m2 = 0, 0.0, 0.0
+
+    @classmethod
+    def load(cls, path, tok, dev):
+        ckpt = load_checkpoint(path, hint="make one with: python reward_model.py configs/mul_rm.py")
+        if not ckpt["model_args"].get("scalar_head"):
+            raise UserError(f"{path}: not a reward model (no scalar head); make one with reward_model.py")
+        model, rm_tok = model_from_checkpoint(ckpt, path)
+        if rm_tok.to_dict() != tok.to_dict():
+            raise UserError(f"{path}: the reward model's tokenizer differs from the policy's")
+        return cls(model.to(dev), *ckpt_settings(ckpt, path, "lik_coef"))
+
+    @torch.no_grad()
+    def __call__(self, out, rows=128):
+        """(N,) raw score of each response of a rollout, rows at a time (memory)."""
+        ids, mask, offsets = out["ids"], out["response_mask"], out["offsets"]
+        return torch.cat([rm_scores(self.model, ids[i:i + rows], mask[i:i + rows], offsets[i:i + rows],
+                                    self.lik_coef)[0] for i in range(0, ids.size(0), rows)])
+
+    def update(self, x):
+        n, mean = x.numel(), x.mean().item()
+        delta, total = mean - self.mean, self.n + n
+        self.m2 += ((x - mean) ** 2).sum().item() + delta ** 2 * self.n * n / total
+        self.mean, self.n = self.mean + delta * n / total, total
+
+    def normalize(self, x):
+        return (x - self.mean) / (math.sqrt(self.m2 / max(1, self.n - 1)) + 1e-8)
+
+    def state_dict(self):
+        return {"n": self.n, "mean": self.mean, "m2": self.m2}
+
+    def load_state_dict(self, s):
+        self.n, self.mean, self.m2 = s["n"], s["mean"], s["m2"]
