@@ -54,7 +54,7 @@ def unchanged(out, files):
     (["--sft_ckpt={ckpt}", "--rl_args=--lrr=1"], "unknown config key 'lrr' (did you mean 'lr'?)"),
     (["--sft_ckpt={ckpt}", "--rl_args=--seed=3"], "--seed=3 is set by compare.py itself"),
     (["--seeds=1,x"], "--seeds must be comma-separated integers"),
-    (["--baseline_budget=soon"], "--baseline_budget must be auto, time, seconds like 120s or steps like 50"),
+    (["--baseline_budget=120s"], "--baseline_budget must be auto or steps like 50"),
 ])
 def test_bad_input_is_one_line_and_loses_nothing(sft_ckpt, tmp_path, earlier, args, msg):  # noqa: F811
     out, files = earlier
@@ -133,12 +133,3 @@ def test_wandb_runs_share_a_group_offline(sft_ckpt, tmp_path, monkeypatch):  # n
             time.sleep(0.2)
         assert b"grp-cmp-7" in logs[d]
     assert b"sft-s1337/accuracy" in logs[out]
-
-
-def test_time_budget_gives_the_baselines_the_median_rl_training_time(sft_ckpt, tmp_path):  # noqa: F811
-    res = compare.main(compare.Config(losses="grpo,sft", sft_ckpt=sft_ckpt, out_dir=str(tmp_path / "cmp"),
-                                      **{**TINY, "baseline_budget": "time"}))
-    grpo, sft = res["runs"]
-    secs = compare.final(grpo, "perf/train_s")  # the median of one RL run
-    assert not res["failed"] and compare.final(sft, "perf/train_s") >= round(max(secs, 0.1), 1) - 1e-6  # ran its time out
-    assert f"{max(secs, 0.1):.0f} s of training each (the median RL run's training time)" in (tmp_path / "cmp" / "compare.md").read_text()
