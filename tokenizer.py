@@ -1,18 +1,12 @@
-"""
-Tokenizers behind one small interface: encode, decode, vocab_size, eos_id, pad_id, special_ids,
-to_dict.
+"""Tokenizers with encode, decode, vocab_size, eos_id, pad_id, special_ids and to_dict: the
+CharTokenizer (default: one id per character of the task alphabet, after PAD 0 and EOS 1) or, by
+any other name, a tiktoken BPE from gpt2.py (imported only then). `from_dict(tok.to_dict())`
+rebuilds either; the dict lives in every checkpoint, so a checkpoint alone can sample.
 
-CharTokenizer (the default) maps each character of the task alphabet to one id, after two
-specials: PAD (id 0) and EOS (id 1). Any other name is a tiktoken BPE (gpt2.BPETokenizer, for
-text tasks and bigger models): `get_tokenizer` and `from_dict` import gpt2.py only for it.
-
-Both serialise to a plain dict (`to_dict` / `from_dict`) that lives inside every checkpoint, so a
-checkpoint alone is enough to sample.
-
-    tok = CharTokenizer("0123456789*+=")
-    tok.encode("23*47=")  # -> [4, 5, 12, 6, 9, 14]
+    CharTokenizer("0123456789*+=").encode("23*47=")  # -> [4, 5, 12, 6, 9, 14]
     tok = get_tokenizer("gpt2", chars)  # tiktoken's GPT-2 BPE (files fetched once, then cached)
 """
+from itertools import takewhile
 
 
 class TokenizerError(ValueError):
@@ -32,30 +26,23 @@ class CharTokenizer:
         self.vocab_size = len(self.specials) + len(chars)
 
     def encode(self, text):
-        ids = []
-        for c in text:
-            if c not in self.stoi:
-                raise TokenizerError(f"character {c!r} (U+{ord(c):04X}) is not in the vocabulary {self.chars!r}")
-            ids.append(self.stoi[c])
-        return ids
+        bad = next((c for c in text if c not in self.stoi), None)
+        if bad is not None:
+            raise TokenizerError(f"character {bad!r} (U+{ord(bad):04X}) is not in the vocabulary "
+                                 f"{self.chars!r}")
+        return [self.stoi[c] for c in text]
 
     def decode(self, ids):
         """Specials are dropped: PAD never shows, EOS ends the text."""
-        out = []
-        for i in ids:
-            if i == self.eos_id:
-                break
-            if i >= len(self.specials):
-                out.append(self.chars[i - len(self.specials)])
-        return "".join(out)
+        kept = takewhile(lambda i: i != self.eos_id, ids)
+        return "".join(self.chars[i - len(self.specials)] for i in kept if i != self.pad_id)
 
     def to_dict(self):
         return {"kind": "char", "chars": self.chars}
 
 
 def get_tokenizer(name, chars):
-    """"char": one id per character of `chars`; any other name is a tiktoken encoding ("gpt2"),
-    from gpt2.py (imported only then)."""
+    """"char": one id per character of `chars`; any other name is a tiktoken encoding ("gpt2")."""
     if name == "char":
         return CharTokenizer(chars)
     from gpt2 import get_bpe

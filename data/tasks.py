@@ -1,28 +1,14 @@
-"""
-Arithmetic tasks, generated in code and written as plain text files (seeded, quick).
+"""Arithmetic tasks, generated in code (seeded) as plain text files, and their loaders.
 
-    python -m data.tasks --task=mul       # writes data/mul/{train,val,test}.txt, pairs and KTO labels
+    python -m data.tasks --task=mul  # data/mul/{train,val,test}.txt, pairs_*.jsonl, kto_*.jsonl
 
-Your own task is a folder with train.txt, val.txt and test.txt, one `prompt=answer` problem per line
-(any characters except '=' in the answer): `python sft.py --task=path/to/folder --reverse=false
---verifier=text` (a name in verify.VERIFIERS; see docs/guides.md, "bring your own task").
-Text tasks (`mul_text`) are for BPE tokenizers: their symbolic twin's problems and splits, asked
-in words by gpt2.text_prompt (`load_split` words the prompts; the files stay `a*b=c`).
-
-Each line of a split file is one problem `a*b=c`, answer in normal digit order. Problems are split
-train/val/test **by unordered operand pair**: {23, 47} puts `23*47` and `47*23` in the same split,
-so no held-out problem (nor its mirror) is ever trained on. The split depends only on the data
-seed, never on a training seed. Tune on `val`, report `test`.
-
-The model may read and write numbers least-significant digit first (`reverse=True`: it sees
-`32*74=1801` for `23*47=1081`), which small transformers learn much faster; that is an encoding
-detail (`format_prompt`/`format_answer`/`parse_answer`): files and everything a person sees stay
-in normal order.
-
-Preference data, JSONL:
-  pairs_<split>.jsonl  {"prompt", "chosen", "rejected", "kind"}  chosen = the right answer,
-                       rejected = a plausible wrong one of a fixed mix of kinds (WRONG_KINDS)
-  kto_<split>.jsonl    {"prompt", "completion", "label"}          label true = desirable
+A split file holds one problem `a*b=c` per line, in normal digit order; splits are disjoint by
+unordered operand pair (`23*47` and `47*23` share one) and depend only on the data seed. Tune on
+`val`, report `test`. reverse=True (least-significant digit first) is an encoding detail of
+format_prompt / format_answer / parse_answer. `mul_text` words mul's prompts (gpt2.text_prompt).
+pairs_<split>.jsonl: {"prompt", "chosen", "rejected", "kind"}, rejected one of WRONG_KINDS in
+turn; kto_<split>.jsonl: {"prompt", "completion", "label"}, label true = desirable. Your own task:
+a folder of train.txt, val.txt, test.txt, one `prompt=answer` per line (docs/guides.md).
 """
 import json
 import os
@@ -33,10 +19,10 @@ from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent
 ALPHABET = "0123456789+*=-"  # the char tokenizer's alphabet, shared by every arithmetic task
-TASKS = {  # name -> operator, operand range (inclusive), max number of unordered pairs, extra train lo
-    "mul": dict(op="*", lo=10, hi=99, max_pairs=None, aux_lo=0),  # 2-digit x 2-digit: all 4,095 pairs
-    "add": dict(op="+", lo=100, hi=999, max_pairs=20000, aux_lo=None),  # 3-digit + 3-digit: a seeded subset
-    "mul_text": dict(op="*", lo=10, hi=99, max_pairs=None, aux_lo=0, text=True),  # mul's problems and splits, in words
+TASKS = {  # name -> operator, operand range (inclusive), max unordered pairs, extra train lo
+    "mul": dict(op="*", lo=10, hi=99, max_pairs=None, aux_lo=0),  # 2-digit x 2-digit: all 4,095
+    "add": dict(op="+", lo=100, hi=999, max_pairs=20000, aux_lo=None),  # 3+3 digits: a subset
+    "mul_text": dict(op="*", lo=10, hi=99, max_pairs=None, aux_lo=0, text=True),  # mul, in words
 }
 SPLITS = {"train": 0.85, "val": 0.05, "test": 0.1}
 DATA_SEED = 1337
@@ -52,10 +38,8 @@ def compute(op, a, b):
 
 
 def format_prompt(prompt, reverse):
-    """Normal-order prompt -> what the model reads: with reverse, every operand least-significant
-    digit first too ("23*47=" -> "32*74="), so digit i of each operand lines up with digit i of
-    the answer. (Measured here: reversed answers alone plateau near 40% held-out; reversed
-    operands as well reach 80%+ in the same number of steps.)"""
+    """Normal-order prompt -> what the model reads: with reverse, operands least-significant digit
+    first too ("23*47=" -> "32*74="), so digit i of each operand lines up with the answer's."""
     return re.sub(r"\d+", lambda m: m.group()[::-1], prompt) if reverse else prompt
 
 
@@ -73,33 +57,31 @@ def split_pairs(task, seed=DATA_SEED):
     """{split: [(a, b), ...]} of unordered operand pairs (a <= b), disjoint across splits."""
     t = TASKS[task]
     rng = random.Random(seed)
-    n = t["hi"] - t["lo"] + 1
+    lo, hi = t["lo"], t["hi"]
     if t["max_pairs"] is None:
-        pairs = [(a, b) for a in range(t["lo"], t["hi"] + 1) for b in range(a, t["hi"] + 1)]
+        pairs = [(a, b) for a in range(lo, hi + 1) for b in range(a, hi + 1)]
     else:
-        seen = set()
+        seen, n = set(), hi - lo + 1
         while len(seen) < min(t["max_pairs"], n * (n + 1) // 2):
-            a, b = sorted((rng.randint(t["lo"], t["hi"]), rng.randint(t["lo"], t["hi"])))
-            seen.add((a, b))
+            seen.add(tuple(sorted((rng.randint(lo, hi), rng.randint(lo, hi)))))
         pairs = sorted(seen)
     rng.shuffle(pairs)
     n_val, n_test = int(SPLITS["val"] * len(pairs)), int(SPLITS["test"] * len(pairs))
-    # curriculum: problems with a shorter operand (e.g. 7*46) join train only; they are never held out
-    aux = [(a, b) for a in range(t["aux_lo"], t["lo"]) for b in range(a, t["hi"] + 1)] if t["aux_lo"] is not None else []
-    return {"val": pairs[:n_val], "test": pairs[n_val:n_val + n_test], "train": pairs[n_val + n_test:] + aux}
+    # curriculum: problems with a shorter operand (e.g. 7*46) join train only, never held out
+    aux_lo = lo if t["aux_lo"] is None else t["aux_lo"]
+    aux = [(a, b) for a in range(aux_lo, lo) for b in range(a, hi + 1)]
+    return {"val": pairs[:n_val], "test": pairs[n_val:n_val + n_test],
+            "train": pairs[n_val + n_test:] + aux}
 
 
 def problems_of(pairs, op):
     """Both orders of every pair: [(prompt, answer)], e.g. ("23*47=", "1081")."""
-    out = []
-    for a, b in pairs:
-        for x, y in ((a, b), (b, a)) if a != b else ((a, b),):
-            out.append((f"{x}{op}{y}=", str(compute(op, x, y))))
-    return out
+    orders = [(x, y) for a, b in pairs for x, y in (((a, b), (b, a)) if a != b else ((a, b),))]
+    return [(f"{x}{op}{y}=", str(compute(op, x, y))) for x, y in orders]
 
 
 def wrong_answer(kind, a, b, op, rng):
-    """A plausible wrong answer (normal order, no leading zero) of one documented kind."""
+    """A plausible wrong answer (normal order, no leading zero) of one of WRONG_KINDS."""
     ans = str(compute(op, a, b))
     for _ in range(100):
         d = list(ans)
@@ -131,15 +113,17 @@ def _write(path, lines):
 
 
 def ensure_data(task, data_dir=DATA_DIR, seed=DATA_SEED):
-    """Generate the task's files if they are missing; returns the task folder. A task that is not a
-    name in TASKS but a folder holding train.txt, val.txt and test.txt is your own: returned as is."""
+    """The task's folder, its files generated if missing. A task not in TASKS is your own folder
+    holding train.txt, val.txt and test.txt, returned as is."""
     if task not in TASKS:
-        if Path(task).is_dir():
-            missing = [f"{s}.txt" for s in SPLITS if not (Path(task) / f"{s}.txt").is_file()]
-            if missing:
-                raise DataError(f"task folder {task} lacks {', '.join(missing)} (one 'prompt=answer' problem per line)")
-            return Path(task)
-        raise DataError(f"unknown task {task!r}; valid: {sorted(TASKS)}, or a folder holding train.txt, val.txt, test.txt")
+        if not Path(task).is_dir():
+            raise DataError(f"unknown task {task!r}; valid: {sorted(TASKS)}, or a folder holding "
+                            f"train.txt, val.txt, test.txt")
+        missing = [f"{s}.txt" for s in SPLITS if not (Path(task) / f"{s}.txt").is_file()]
+        if missing:
+            raise DataError(f"task folder {task} lacks {', '.join(missing)} "
+                            f"(one 'prompt=answer' problem per line)")
+        return Path(task)
     root = Path(data_dir) / task
     stamp = json.dumps({"seed": seed, "task": TASKS[task], "splits": SPLITS, "kinds": WRONG_KINDS})
     if (root / "done").exists() and (root / "done").read_text() == stamp:
@@ -152,13 +136,13 @@ def ensure_data(task, data_dir=DATA_DIR, seed=DATA_SEED):
         _write(root / f"{split}.txt", [p + a for p, a in probs])
         pref, kto = [], []
         for i, (prompt, ans) in enumerate(probs):
-            a, b = map(int, prompt[:-1].split(op))
             kind = WRONG_KINDS[i % len(WRONG_KINDS)]  # an even, fixed mix of kinds
-            wrong = wrong_answer(kind, a, b, op, rng)
-            pref.append(json.dumps({"prompt": prompt, "chosen": ans, "rejected": wrong, "kind": kind}))
-            kto.append(json.dumps({"prompt": prompt, "completion": ans if i % 2 == 0 else wrong, "label": i % 2 == 0}))
-        _write(root / f"pairs_{split}.jsonl", pref)
-        _write(root / f"kto_{split}.jsonl", kto)
+            wrong = wrong_answer(kind, *map(int, prompt[:-1].split(op)), op, rng)
+            pref.append({"prompt": prompt, "chosen": ans, "rejected": wrong, "kind": kind})
+            kto.append({"prompt": prompt, "completion": wrong if i % 2 else ans,
+                        "label": i % 2 == 0})
+        _write(root / f"pairs_{split}.jsonl", map(json.dumps, pref))
+        _write(root / f"kto_{split}.jsonl", map(json.dumps, kto))
         print(f"  {split}: {len(probs)} problems from {len(pairs)} operand pairs", flush=True)
     (root / "done").write_text(stamp)
     return root
@@ -172,23 +156,30 @@ def task_alphabet(task, problems):
     return ALPHABET + "".join(sorted(set("".join(p + a for p, a in problems)) - set(ALPHABET)))
 
 
-def load_problems(path, alphabet=ALPHABET):
-    """Read `prompt=answer` lines -> [(prompt, answer)]. Tolerates a BOM, CRLF and blank lines;
-    anything else malformed is an error naming the file and line. alphabet None: any character."""
-    out = []
+def _lines(path, what):
+    """[(line number, stripped line)] of a UTF-8 file's non-blank lines (BOM and CRLF are fine)."""
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: cannot read problems file ({e.__class__.__name__}: {e})") from None
-    for n, line in enumerate(text.splitlines(), 1):
-        line = line.strip()
-        if not line:
-            continue
-        bad = next((c for c in line if alphabet is not None and c not in alphabet), None)
-        if bad is not None:
-            raise DataError(f"{path}:{n}: character {bad!r} is not in the task alphabet {alphabet!r}")
+        raise DataError(f"{path}: cannot read {what} file ({e.__class__.__name__}: {e})") from None
+    return [(n, line.strip()) for n, line in enumerate(text.splitlines(), 1) if line.strip()]
+
+
+def _check_chars(text, alphabet, where):
+    bad = next((c for c in text if alphabet is not None and c not in alphabet), None)
+    if bad is not None:
+        raise DataError(f"{where} character {bad!r}, not in the task alphabet {alphabet!r}")
+
+
+def load_problems(path, alphabet=ALPHABET):
+    """`prompt=answer` lines -> [(prompt, answer)]; a malformed line is an error naming the file
+    and line. alphabet None: any character."""
+    out = []
+    for n, line in _lines(path, "problems"):
+        _check_chars(line, alphabet, f"{path}:{n}:")
         if line.count("=") != 1:
-            raise DataError(f"{path}:{n}: expected one 'prompt=answer' problem per line, got {line!r}")
+            raise DataError(f"{path}:{n}: expected one 'prompt=answer' problem per line, "
+                            f"got {line!r}")
         prompt, answer = line.split("=")
         out.append((prompt + "=", answer))
     if not out:
@@ -213,18 +204,11 @@ RECORD_FIELDS = {"pairs": {"prompt": str, "chosen": str, "rejected": str},  # "k
 
 
 def load_records(path, kind, alphabet=ALPHABET):
-    """Read preference pairs (kind "pairs") or KTO labels ("kto") from JSONL -> [dict]. Bad JSON, a
-    missing or mistyped field, a character outside the alphabet, or an empty file is an error
+    """Preference pairs (kind "pairs") or KTO labels ("kto") from JSONL -> [dict]. Bad JSON, a
+    missing or mistyped field, a character outside the alphabet or an empty file is an error
     naming the file and line."""
-    fields = RECORD_FIELDS[kind]
-    try:
-        text = Path(path).read_text(encoding="utf-8-sig")
-    except (OSError, UnicodeDecodeError) as e:
-        raise DataError(f"{path}: cannot read {kind} file ({e.__class__.__name__}: {e})") from None
-    out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
+    fields, out = RECORD_FIELDS[kind], []
+    for n, line in _lines(path, kind):
         try:
             rec = json.loads(line)
         except json.JSONDecodeError as e:
@@ -233,10 +217,10 @@ def load_records(path, kind, alphabet=ALPHABET):
             raise DataError(f"{path}:{n}: expected a JSON object with fields {sorted(fields)}")
         for k, typ in fields.items():
             if not isinstance(rec.get(k), typ):
-                raise DataError(f"{path}:{n}: field {k!r} missing or not a {typ.__name__} (fields: {sorted(fields)})")
-            bad = next((c for c in rec[k] if c not in alphabet), None) if typ is str else None
-            if bad is not None:
-                raise DataError(f"{path}:{n}: field {k!r} has character {bad!r}, not in the task alphabet {alphabet!r}")
+                raise DataError(f"{path}:{n}: field {k!r} missing or not a {typ.__name__} "
+                                f"(fields: {sorted(fields)})")
+            if typ is str:
+                _check_chars(rec[k], alphabet, f"{path}:{n}: field {k!r} has")
         out.append(rec)
     if not out:
         raise DataError(f"{path}: no {kind} records in file")

@@ -16,6 +16,14 @@ REF = torch.tensor([[-1.2, -0.6, -1.9], [-0.4, -1.1, 0.0]])
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
 ADV = torch.tensor([1.0, -1.0])
 DAPO_GRAD = [[-0.221034, -0.180967, -0.221034], [0.244281, 0.163746, 0]]
+INPUTS = {"ref_logp", "n_tokens", "n_seqs", "values", "old_values", "returns", "entropy", "group_correct",
+          "group_size"}
+
+
+def call_loss(name, *args, **kw):
+    """LOSSES[name] as rl.py calls it: the hyperparameters among kw resolved over the loss's defaults."""
+    hp = resolve_hparams(name, **{k: v for k, v in kw.items() if k not in INPUTS})
+    return LOSSES[name](*args, **{k: v for k, v in kw.items() if k in INPUTS}, **hp)
 
 REFERENCE = [  # (name, hparams, loss, d loss / d logp)
     ("grpo", dict(beta=0.0), -0.009163, [[-0.184195, -0.150806, -0.184195], [0.305351, 0.204683, 0]]),
@@ -45,22 +53,21 @@ def _extra(name, B, T, rows=slice(None)):
 @pytest.mark.parametrize("name,hp,loss,grad", REFERENCE, ids=[f"{r[0]}-{r[1]}" for r in REFERENCE])
 def test_reference_table(name, hp, loss, grad):
     logp = torch.tensor(LOGP, requires_grad=True)
-    out, stats = LOSSES[name](logp, OLD, ADV, MASK, ref_logp=REF, **hp)
+    out, stats = call_loss(name, logp, OLD, ADV, MASK, ref_logp=REF, **hp)
     out.backward()
     assert out.item() == pytest.approx(loss, abs=1e-5)
     assert torch.allclose(logp.grad, torch.tensor(grad), atol=1e-5)
-    assert {"clipfrac_low", "clipfrac_high", "ratio_mean", "ratio_max", "kl"} <= set(stats)
+    assert {"clipfrac_low", "clipfrac_high", "ratio_mean", "ratio_max"} <= set(stats)
     assert float(stats["ratio_max"]) == pytest.approx(math.exp(0.2), abs=1e-6)
-    assert float(stats["kl"]) == pytest.approx(0.0077494, abs=1e-6)  # mean k3 over the 5 tokens
 
 
 def test_clip_fractions_in_stats():
     logp = torch.tensor(LOGP)
-    assert float(LOSSES["grpo"](logp, OLD, ADV, MASK, beta=0.0)[1]["clipfrac_high"]) == 0
-    assert float(LOSSES["gspo"](logp, OLD, ADV, MASK)[1]["clipfrac_high"]) == pytest.approx(0.6)  # seq 0
-    assert float(LOSSES["pnpo"](logp, OLD, ADV, MASK)[1]["clipfrac_high"]) == pytest.approx(0.6)
+    assert float(call_loss("grpo", logp, OLD, ADV, MASK, beta=0.0)[1]["clipfrac_high"]) == 0
+    assert float(call_loss("gspo", logp, OLD, ADV, MASK)[1]["clipfrac_high"]) == pytest.approx(0.6)  # seq 0
+    assert float(call_loss("pnpo", logp, OLD, ADV, MASK)[1]["clipfrac_high"]) == pytest.approx(0.6)
     logp = torch.tensor([[math.log(1.25)], [math.log(0.7)]])
-    stats = LOSSES["grpo"](logp, torch.zeros(2, 1), ADV, torch.ones(2, 1), beta=0.0)[1]
+    stats = call_loss("grpo", logp, torch.zeros(2, 1), ADV, torch.ones(2, 1), beta=0.0)[1]
     assert float(stats["clipfrac_low"]) == 0.5 and float(stats["clipfrac_high"]) == 0.5
 
 
@@ -74,7 +81,7 @@ def test_token_weights_at_ratio_one(name, weights):
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 0], [1, 1, 1]])
     adv = group_advantages(torch.tensor([[1.0, 0, 0, 1]]), "mean" if name == "dr_grpo" else "std")[0]
     logp = torch.randn(4, 3).requires_grad_(True)
-    loss, _ = LOSSES[name](logp, logp.detach(), adv, mask, beta=0.0, **_extra(name, 4, 3))
+    loss, _ = call_loss(name, logp, logp.detach(), adv, mask, beta=0.0, **_extra(name, 4, 3))
     loss.backward()
     expected = torch.tensor(weights)[:, None].expand(4, 3) * mask
     assert torch.allclose(-logp.grad, expected, atol=5e-5)
@@ -84,7 +91,7 @@ def test_rloo_advantage_under_grpo_normaliser():
     mask = torch.tensor([[1, 1, 1], [1, 1, 0], [1, 1, 0], [1, 1, 1]])
     logp = torch.zeros(4, 3, requires_grad=True)
     adv = group_advantages(torch.tensor([[1.0, 0, 0, 1]]), "rloo")[0]
-    LOSSES["grpo"](logp, logp.detach(), adv, mask, beta=0.0)[0].backward()
+    call_loss("grpo", logp, logp.detach(), adv, mask, beta=0.0)[0].backward()
     assert torch.allclose(-logp.grad[:, 0], torch.tensor([0.0556, -0.0833, -0.0833, 0.0556]), atol=5e-5)
 
 
@@ -113,14 +120,14 @@ def test_clip_term(r, A, obj, grad, clip_c):
 @pytest.mark.parametrize("eps_high,grad", [(0.2, 0.0), (0.28, 1.25)])
 def test_clip_higher(eps_high, grad):
     logp = torch.tensor([[math.log(1.25)]], requires_grad=True)
-    loss, _ = LOSSES["dapo"](logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), eps_high=eps_high)
+    loss, _ = call_loss("dapo", logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1), eps_high=eps_high)
     loss.backward()
     assert -logp.grad.item() == pytest.approx(grad, abs=1e-6)
 
 
 def test_cispo_caps_the_weight_but_keeps_the_gradient():
     logp = torch.tensor([[math.log(6.0)]], requires_grad=True)
-    loss, stats = LOSSES["cispo"](logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1))
+    loss, stats = call_loss("cispo", logp, torch.zeros(1, 1), torch.tensor([1.0]), torch.ones(1, 1))
     loss.backward()
     assert -logp.grad.item() == pytest.approx(5.0) and float(stats["clipfrac_high"]) == 1
 
@@ -135,7 +142,7 @@ def _ppo_epochs(eps, epochs):
         lp = torch.log_softmax(z, 0)
         probs.append(lp[1].exp().item())
         logp = torch.stack([lp[1], lp[0]])[:, None]  # (2, 1) log-probs of the two samples
-        loss, _ = LOSSES["grpo"](logp, old, adv, mask, eps_low=eps, eps_high=eps, beta=0.0)
+        loss, _ = call_loss("grpo", logp, old, adv, mask, eps_low=eps, eps_high=eps, beta=0.0)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -154,17 +161,17 @@ def test_gapo_bound():
 
 def test_gapo_group_dependent_clip_and_refusals():
     logp = torch.full((2, 1), math.log(1.0045), requires_grad=True)  # inside c=1's bound, outside c=7's
-    loss, _ = LOSSES["gapo"](logp, torch.zeros(2, 1), torch.ones(2), torch.ones(2, 1),
-                             group_correct=torch.tensor([1, 7]), group_size=8)
+    loss, _ = call_loss("gapo", logp, torch.zeros(2, 1), torch.ones(2), torch.ones(2, 1),
+                        group_correct=torch.tensor([1, 7]), group_size=8)
     loss.backward()
     assert logp.grad[0].item() < 0 and logp.grad[1].item() == 0
     logp = torch.zeros(2, 1, requires_grad=True)
-    LOSSES["gapo"](logp, logp.detach(), torch.ones(2), torch.ones(2, 1), group_correct=[0, 8],
-                   group_size=8)[0].backward()
+    call_loss("gapo", logp, logp.detach(), torch.ones(2), torch.ones(2, 1), group_correct=[0, 8],
+              group_size=8)[0].backward()
     assert torch.equal(logp.grad, torch.zeros(2, 1))  # c in {0, G}: no signal
     for bad in ([9, 1], [-1, 1], [0.5, 1]):
         with pytest.raises(ValueError, match="group_correct"):
-            LOSSES["gapo"](logp, logp, torch.ones(2), torch.ones(2, 1), group_correct=bad, group_size=8)
+            call_loss("gapo", logp, logp, torch.ones(2), torch.ones(2, 1), group_correct=bad, group_size=8)
 
 
 @pytest.mark.parametrize("lam,expected", [
@@ -316,12 +323,12 @@ def test_micro_batches_with_global_counts_equal_the_full_batch(name):
     logp, old, ref, adv, mask = _batch(B, T, per_token=name == "cliff")
     counts = dict(n_tokens=mask.sum(), n_seqs=B)
     full = logp.clone().requires_grad_(True)
-    loss, _ = LOSSES[name](full, old, adv, mask, ref, **_hp(name), **_extra(name, B, T))
+    loss, _ = call_loss(name, full, old, adv, mask, ref, **_hp(name), **_extra(name, B, T))
     loss.backward()
     micro, total = logp.clone().requires_grad_(True), 0.0
     for rows in (slice(0, 2), slice(2, B)):
-        part, _ = LOSSES[name](micro[rows], old[rows], adv[rows], mask[rows], ref[rows], **counts,
-                               **_hp(name), **_extra(name, B, T, rows))
+        part, _ = call_loss(name, micro[rows], old[rows], adv[rows], mask[rows], ref[rows], **counts,
+                            **_hp(name), **_extra(name, B, T, rows))
         part.backward()
         total = total + part.item()
     assert total == pytest.approx(loss.item(), abs=1e-6)
@@ -349,7 +356,7 @@ def test_micro_batch_divides_by_the_global_count(name, per_seq, count):
              "gapo": dict(group_correct=[1, 2], group_size=4)}.get(name, {})
     a = adv[:, None].expand(2, 4).clone() if name == "cliff" else adv
     hp = {} if name in ("reinforce", "rloo") else dict(beta=0.0)
-    loss, _ = LOSSES[name](logp, logp.detach(), a, mask, n_tokens=10, n_seqs=4, **hp, **extra)
+    loss, _ = call_loss(name, logp, logp.detach(), a, mask, n_tokens=10, n_seqs=4, **hp, **extra)
     loss.backward()
     lengths = torch.tensor([[3.0], [1.0]]) if per_seq else torch.ones(2, 1)
     torch.testing.assert_close(-logp.grad, adv[:, None] / lengths / count * mask, atol=1e-7, rtol=0)
@@ -362,7 +369,7 @@ def test_padding_with_inf_logps_gives_no_nan(name):
     inf = torch.tensor(float("-inf"))
     logp = torch.where(mask, logp, inf).requires_grad_(True)
     old, ref = torch.where(mask, old, inf), torch.where(mask, ref, inf)
-    loss, stats = LOSSES[name](logp, old, adv, mask.float(), ref, **_hp(name), **_extra(name, B, T))
+    loss, stats = call_loss(name, logp, old, adv, mask.float(), ref, **_hp(name), **_extra(name, B, T))
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert torch.equal(logp.grad[~mask], torch.zeros((~mask).sum()))
@@ -381,7 +388,7 @@ def test_all_equal_groups_give_zero_advantage_and_zero_gradient(name):
     assert torch.equal(adv, torch.zeros_like(adv))
     extra = dict(group_correct=[4] * 4 + [0] * 4, group_size=4) if name == "gapo" else _extra(name, B, T)
     logp.requires_grad_(True)
-    loss, _ = LOSSES[name](logp, old, adv, mask, beta=0.0, **extra)
+    loss, _ = call_loss(name, logp, old, adv, mask, beta=0.0, **extra)
     loss.backward()
     assert loss.item() == 0 and torch.equal(logp.grad, torch.zeros(B, T))
 
@@ -393,9 +400,9 @@ def test_on_policy_grpo_gradient_equals_reinforce():
     adv = group_advantages(torch.tensor([[1.0, 0.0, 1.0, 0.0]]), "std")[0]
     a = torch.randn(G, T).requires_grad_(True)
     b = a.detach().clone().requires_grad_(True)
-    LOSSES["grpo"](a, a.detach(), adv, mask, beta=0.0)[0].backward()
+    call_loss("grpo", a, a.detach(), adv, mask, beta=0.0)[0].backward()
     lengths = mask.sum(1)
-    LOSSES["reinforce"](b, b.detach(), adv / lengths, mask)[0].backward()  # weight A_i/(G*|y_i|)
+    call_loss("reinforce", b, b.detach(), adv / lengths, mask)[0].backward()  # weight A_i/(G*|y_i|)
     assert torch.allclose(a.grad, b.grad, atol=1e-7)
     assert torch.allclose(-a.grad, (adv / (G * lengths))[:, None] * mask, atol=1e-7)
 
@@ -409,8 +416,8 @@ def test_gspo_with_one_token_responses_equals_token_clipping():
     logp0 = old + 0.3 * torch.randn(B, T)  # ratios on both sides of the clip range
     adv = torch.randn(B)
     a, b = logp0.clone().requires_grad_(True), logp0.clone().requires_grad_(True)
-    la, _ = LOSSES["gspo"](a, old, adv, mask, eps_low=0.2, eps_high=0.28)
-    lb, _ = LOSSES["grpo"](b, old, adv, mask, eps_low=0.2, eps_high=0.28, beta=0.0)
+    la, _ = call_loss("gspo", a, old, adv, mask, eps_low=0.2, eps_high=0.28)
+    lb, _ = call_loss("grpo", b, old, adv, mask, eps_low=0.2, eps_high=0.28, beta=0.0)
     la.backward()
     lb.backward()
     assert la.item() == pytest.approx(lb.item(), abs=1e-6) and torch.allclose(a.grad, b.grad, atol=1e-7)
@@ -436,13 +443,13 @@ def test_resolve_hparams():
 def test_loss_errors():
     logp = torch.tensor(LOGP)
     with pytest.raises(ValueError, match="eps"):
-        LOSSES["grpo"](logp, OLD, ADV, MASK, eps=0.1)
+        call_loss("grpo", logp, OLD, ADV, MASK, eps=0.1)
     with pytest.raises(ValueError, match="ref_logp"):
-        LOSSES["grpo"](logp, OLD, ADV, MASK)  # default beta 0.04 needs a reference
+        call_loss("grpo", logp, OLD, ADV, MASK)  # default beta 0.04 needs a reference
     with pytest.raises(ValueError, match="max_new_tokens"):
-        LOSSES["dr_grpo"](logp, OLD, ADV, MASK)
+        call_loss("dr_grpo", logp, OLD, ADV, MASK)
     with pytest.raises(ValueError, match="per-sequence"):
-        LOSSES["gspo"](logp, OLD, torch.ones(2, 3), MASK)
+        call_loss("gspo", logp, OLD, torch.ones(2, 3), MASK)
 
 # ----------------------------------------------------------------------------- learning: KL-regularised optimum
 
@@ -460,7 +467,7 @@ def test_kl_in_reward_reinforce_converges_to_the_regularised_optimum(p0, target)
         ret = kl_in_reward(score, logp.detach(), ref[:, None], mask, beta).sum(1)  # (4,)
         p = logp.detach().exp()[:, 0]
         adv = p * (ret - (p * ret).sum())  # exact expectation: each answer weighted by its probability
-        loss, _ = LOSSES["reinforce"](logp, logp.detach(), adv, mask, n_seqs=1)
+        loss, _ = call_loss("reinforce", logp, logp.detach(), adv, mask, n_seqs=1)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -484,8 +491,8 @@ def test_ppo_policy_part_is_token_mean_clipping():
     the batch: dapo's loss with symmetric eps 0.2 on the reference tensors."""
     a, b = torch.tensor(LOGP, requires_grad=True), torch.tensor(LOGP, requires_grad=True)
     zeros = torch.zeros(2, 3)
-    la, sa = LOSSES["ppo"](a, OLD, ADV, MASK, vf_coef=0.0, values=zeros, old_values=zeros, returns=zeros + 5)
-    lb, _ = LOSSES["dapo"](b, OLD, ADV, MASK, eps_high=0.2)
+    la, sa = call_loss("ppo", a, OLD, ADV, MASK, vf_coef=0.0, values=zeros, old_values=zeros, returns=zeros + 5)
+    lb, _ = call_loss("dapo", b, OLD, ADV, MASK, eps_high=0.2)
     la.backward()
     lb.backward()
     assert la.item() == pytest.approx(lb.item(), abs=1e-7)
@@ -501,14 +508,14 @@ def test_ppo_value_loss_with_clipping():
     v = torch.tensor([[1.0, 0.2, 0.9]], requires_grad=True)
     old_v, ret = torch.tensor([[0.5, 0.5, 0.5]]), torch.tensor([[0.0, 1.0, 1.0]])
     logp = torch.zeros(1, 3)
-    loss, st = LOSSES["ppo"](logp, logp, torch.zeros(1), torch.ones(1, 3), values=v, old_values=old_v, returns=ret,
-                             vf_coef=1.0, vf_clip=0.2)
+    loss, st = call_loss("ppo", logp, logp, torch.zeros(1), torch.ones(1, 3), values=v, old_values=old_v, returns=ret,
+                         vf_coef=1.0, vf_clip=0.2)
     assert float(st["value_loss"]) == pytest.approx(0.288333, abs=1e-6) and loss.item() == pytest.approx(0.288333, abs=1e-6)
     loss.backward()
     torch.testing.assert_close(v.grad, torch.tensor([[1.0, -0.8, 0.0]]) / 3)
     v2 = v.detach().clone().requires_grad_(True)
-    loss, st = LOSSES["ppo"](logp, logp, torch.zeros(1), torch.ones(1, 3), values=v2, old_values=old_v, returns=ret,
-                             vf_coef=1.0, vf_clip=0)  # 0 = no value clipping
+    loss, st = call_loss("ppo", logp, logp, torch.zeros(1), torch.ones(1, 3), values=v2, old_values=old_v, returns=ret,
+                         vf_coef=1.0, vf_clip=0)  # 0 = no value clipping
     assert float(st["value_loss"]) == pytest.approx((0.5 + 0.32 + 0.005) / 3, abs=1e-6)
 
 
@@ -650,7 +657,7 @@ BETA_TABLE = [  # (loss, every hyperparameter it uses): the in-loss KL term of e
 @pytest.mark.parametrize("name,hp", BETA_TABLE, ids=[f"{n}-{hp['kl_estimator']}-{i}" for i, (n, hp) in
                                                       enumerate(BETA_TABLE)])
 def test_in_loss_kl_by_hand(name, hp):
-    """Every loss with an in-loss KL, beta > 0, on ragged rows: loss, gradient and the logged KL equal the
+    """Every loss with an in-loss KL, beta > 0, on ragged rows: loss and gradient equal the
     paper's formula written as a loop. Pins the estimator, the sign of the KL and its normaliser (GSPO and
     GAPO: the KL averaged over each sequence, not summed), clip bounds, SAPO's tau_pos/tau_neg, CISPO's
     cap."""
@@ -658,13 +665,11 @@ def test_in_loss_kl_by_hand(name, hp):
     logp.requires_grad_(True)
     adv = _pad(TADV2, 5.0) if name == "cliff" else torch.tensor(ADV2)
     extra = dict(group_correct=[1, 4, 2], group_size=4) if name == "gapo" else {}  # row 1: c = G, no signal
-    loss, stats = LOSSES[name](logp, old, adv, mask, ref_logp=ref, **hp, **extra)
+    loss, _ = call_loss(name, logp, old, adv, mask, ref_logp=ref, **hp, **extra)
     loss.backward()
     want, grad = _by_hand(name, hp, TADV2 if name == "cliff" else ADV2, **extra)
     assert loss.item() == pytest.approx(want, abs=1e-6)
     torch.testing.assert_close(logp.grad, grad, atol=1e-6, rtol=0)
-    kl = [_kl_by_hand(x, hp["kl_estimator"])[0] for row in X2 for x in row]
-    assert float(stats["kl"]) == pytest.approx(sum(kl) / len(kl), abs=1e-6)
 
 
 def test_pnpo_gate_uses_the_length_weight_and_the_geometric_mean_prefix():
@@ -687,7 +692,7 @@ def test_pnpo_gate_uses_the_length_weight_and_the_geometric_mean_prefix():
     logp = _pad(lp, -5.0).requires_grad_(True)
     old = _pad([[l - x for l, x in zip(*row)] for row in zip(lp, d)], 3.0)
     mask = _pad([[1] * len(row) for row in lp], 0)
-    loss, stats = LOSSES["pnpo"](logp, old, torch.tensor(adv), mask, eps_low=eps_low, eps_high=eps_high)
+    loss, stats = call_loss("pnpo", logp, old, torch.tensor(adv), mask, eps_low=eps_low, eps_high=eps_high)
     loss.backward()
     assert loss.item() == pytest.approx(want, abs=1e-6)
     torch.testing.assert_close(logp.grad, grad, atol=1e-6, rtol=0)
@@ -721,8 +726,8 @@ def test_ppo_every_term_by_hand(vf_clip):
     logp.requires_grad_(True)
     values, entropy = _pad(V, 4.0).requires_grad_(True), _pad(H, 7.0).requires_grad_(True)
     adv, old_values, returns = (_pad(x, 3.0).requires_grad_(True) for x in (TADV2, V_OLD, RET))
-    loss, stats = LOSSES["ppo"](logp, old, adv, mask, values=values, old_values=old_values, returns=returns,
-                                entropy=entropy, vf_coef=vf_coef, vf_clip=vf_clip, ent_coef=ent_coef)
+    loss, stats = call_loss("ppo", logp, old, adv, mask, values=values, old_values=old_values, returns=returns,
+                            entropy=entropy, vf_coef=vf_coef, vf_clip=vf_clip, ent_coef=ent_coef)
     loss.backward()
     assert loss.item() == pytest.approx(want, abs=1e-6)
     torch.testing.assert_close(logp.grad, g_logp, atol=1e-6, rtol=0)
@@ -742,7 +747,7 @@ def test_old_logp_ref_logp_and_advantages_are_constants(name):
     extra = _extra(name, B, T)
     if name == "ppo":
         extra["values"] = torch.randn(B, T, requires_grad=True)
-    loss, _ = LOSSES[name](logp, old, adv, mask, ref, **_hp(name), **extra)
+    loss, _ = call_loss(name, logp, old, adv, mask, ref, **_hp(name), **extra)
     loss.backward()
     assert old.grad is None and ref.grad is None and adv.grad is None
     assert (logp.grad != 0).any()
