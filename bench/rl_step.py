@@ -57,7 +57,7 @@ def main(b):
     model.eval()
     opt = model.configure_optimizer(1e-5, 0.0, (0.9, 0.99))
     gen = torch.Generator().manual_seed(0)
-    prompts = rl.PromptSampler(len(train), torch.Generator().manual_seed(1), False)
+    prompts = rl.PromptSampler(len(train), 1, False)
     roll, upd = [], []
     for i in range(b.warmup + b.steps):
         t0 = time.perf_counter()

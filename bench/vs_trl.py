@@ -105,7 +105,7 @@ def main(b):
     ref = copy.deepcopy(model).eval().requires_grad_(False)
     ours = {"step": [], "rollout": [], "update": []}
     opt, gen = None, torch.Generator().manual_seed(0)
-    prompts = rl.PromptSampler(len(train), torch.Generator().manual_seed(1), False)
+    prompts = rl.PromptSampler(len(train), 1, False)
 
     def our_step():
         nonlocal opt

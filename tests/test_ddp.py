@@ -13,8 +13,10 @@ import torch
 import torch.multiprocessing as mp
 
 import losses as L
+import pref
 import rl
 from model import GPT, GPTConfig, generate
+from policy import optimizer_step
 from test_rl import ROOT, sft_ckpt  # noqa: F401 (fixture)
 from tokenizer import CharTokenizer
 
@@ -49,10 +51,9 @@ def one_update(model, tok, batch, loss, **kw):
     hp = L.resolve_hparams(loss, **({"max_new_tokens": 6} if "max_new_tokens" in L.DEFAULTS[loss] else {}))
     ref = copy.deepcopy(model).requires_grad_(False)
     opt = model.configure_optimizer(1e-2, 0.0, (0.9, 0.99))
-    if loss == "dpo":
-        rl.pref_update(model, ref, opt, tok, rl.online_rows(batch, G), None, cfg, hp, 1e-2)
-    elif loss == "sft":
-        rl.nll_update(model, opt, rl.sample_rows(batch, range(batch["ids"].size(0))), cfg, 1e-2, tok.pad_id)
+    if loss in ("dpo", "sft"):  # dpo: a (correct, wrong) pair per group; sft: the correct samples (rft's rows)
+        rows, labels = pref.rollout_rows(batch, "dpo" if loss == "dpo" else "rft", G)
+        optimizer_step(model, opt, pref.loss(model, ref, tok, rows, labels, loss, hp)[0], 1e-2, cfg.grad_clip)
     else:
         rl.update(model, ref, opt, batch, cfg, hp, torch.Generator().manual_seed(0), 1e-2)
     return opt

@@ -183,7 +183,7 @@ def test_empty_or_mislabelled_files_are_errors(tmp_path):
                                          ("dpo", "online"), ("kto", "online")])
 def test_preference_losses_run_and_log(sft_ckpt, tmp_path, monkeypatch, loss, pairs):  # noqa: F811
     monkeypatch.setattr(rl, "exact_answer", lambda text, gold, reverse=False: float(text[:1] == "1"))
-    res, rows = run(sft_ckpt, tmp_path, loss=loss, pairs=pairs, pairs_per_step=4)
+    res, rows = run(sft_ckpt, tmp_path, loss=loss, pairs=pairs, pairs_per_step=4, group_size=16)  # 16: mixed groups
     train = [r for r in rows if "rl/loss" in r]
     assert len(train) == 2 and all(math.isfinite(r["rl/loss"]) for r in train)
     keys = ["rl/z", "rl/desirable_reward", "rl/undesirable_reward"] if loss == "kto" else \

@@ -12,8 +12,10 @@ import pytest
 import torch
 
 import losses as L
+import policy
 import rl
 import sft
+import supervised
 from config import UserError
 from checkpoint import load_checkpoint
 from test_rl import ROOT, TINY_RL, sft_ckpt, varied_reward  # noqa: F401 (fixtures)
@@ -88,16 +90,16 @@ def test_sigkill_mid_training_loses_at_most_one_checkpoint_interval(tmp_path):
 def test_sigkill_while_a_checkpoint_is_written_keeps_the_previous_one(tmp_path):
     """The process dies inside torch.save of the second checkpoint: ckpt.pt is still the first."""
     code = f"""
-import os, signal, model as M
+import os, signal, checkpoint as C, model as M
 from tokenizer import CharTokenizer
 m, tok, path = M.GPT(M.GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=1, n_embd=8)), CharTokenizer("0123456789+*=-"), {str(tmp_path / "ckpt.pt")!r}
-M.save_checkpoint(path, m, None, {{}}, 1, tok)
+C.save_checkpoint(path, m, None, {{}}, 1, tok)
 def dying_save(obj, f):
     f.write(b"PK\\x03\\x04 half a zip")
     f.flush()
     os.kill(os.getpid(), signal.SIGKILL)
-M.torch.save = dying_save
-M.save_checkpoint(path, m, None, {{}}, 2, tok)
+C.torch.save = dying_save
+C.save_checkpoint(path, m, None, {{}}, 2, tok)
 """
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert r.returncode == -signal.SIGKILL
@@ -119,9 +121,9 @@ def test_sigint_finishes_the_step_saves_and_exits_zero(tmp_path):
 # ----------------------------------------------------------------------------- exact resume
 
 def test_sft_resume_is_exact(tmp_path, monkeypatch):
-    cfg = dict(TINY_SFT, max_iters=20, eval_interval=10, ckpt_interval=5, log_interval=1)
+    cfg = dict(TINY_SFT, max_iters=20, eval_interval=10, ckpt_interval=5, log_interval=1, dropout=0.1)
     whole = sft.main(sft.Config(out_dir=str(tmp_path / "whole"), **cfg))
-    signal_on_call(monkeypatch, sft, "lr_at", 8)  # SIGTERM during step 8
+    signal_on_call(monkeypatch, supervised, "lr_at", 8)  # SIGTERM during step 8
     sft.main(sft.Config(out_dir=str(tmp_path / "cut"), **cfg))
     assert load_checkpoint(str(tmp_path / "cut" / "ckpt.pt"))["step"] == 8
     with open(tmp_path / "cut" / "metrics.jsonl", "a") as f:
@@ -167,7 +169,7 @@ def test_resume_refuses_a_foreign_checkpoint(tmp_path, sft_ckpt):  # noqa: F811
     (sft, dict(n_embd=30, n_head=4), "divisible by n_head"), (sft, dict(dropout=1.0), "dropout"),
     (sft, dict(ckpt_interval=0), "ckpt_interval must be > 0"), (sft, dict(max_iters=-1), "max_iters must be >= 0"),
     (rl, dict(lr=-1e-4), "lr must be > 0"), (rl, dict(group_size=1), "group_size must be >= 2"),
-    (rl, dict(eps_high=-0.1), "eps_high must be >= 0"), (rl, dict(max_new_tokens=0), "max_new_tokens >= 1"),
+    (rl, dict(eps_high=-0.1), "eps_high must be >= 0"), (rl, dict(max_new_tokens=0), "max_new_tokens must be >= 1"),
     (rl, dict(temperature=0.0), "temperature must be > 0"), (rl, dict(ppo_epochs=0), "ppo_epochs must be >= 1"),
     (rl, dict(loss="dpo", pairs_per_step=0), "pairs_per_step must be >= 1"),
     (rl, dict(device="tpu9"), "device must be auto, cpu, cuda, cuda:N or mps"),
@@ -199,8 +201,8 @@ def test_nan_gradient_stops_sft_naming_step_and_tensor(tmp_path, monkeypatch):
 
 
 def test_nan_gradient_stops_rl_naming_step_and_tensor(sft_ckpt, tmp_path, monkeypatch, varied_reward):  # noqa: F811
-    real = rl.model_from_checkpoint
-    monkeypatch.setattr(rl, "model_from_checkpoint",
+    real = policy.model_from_checkpoint
+    monkeypatch.setattr(policy, "model_from_checkpoint",
                         lambda *a, **k: (poison_gradient(real(*a, **k)[0], "transformer.wte.weight", 2), real(*a, **k)[1]))
     with pytest.raises(UserError, match=r"step 2: non-finite gradient of transformer.wte.weight; stopped, last good"):
         rl.main(rl.Config(out_dir=str(tmp_path), sft_ckpt=sft_ckpt, loss="grpo", dynamic_sampling=False,

@@ -153,11 +153,11 @@ def test_sft_baseline_trains_on_gold_answers(sft_ckpt, tmp_path):
 
 
 def test_rft_trains_on_the_verified_correct_samples_only(sft_ckpt, tmp_path, varied_reward):
-    _, rows = run(sft_ckpt, tmp_path, loss="rft", max_iters=3, eval_interval=3)
+    _, rows = run(sft_ckpt, tmp_path, loss="rft", max_iters=3, eval_interval=3, prompts_per_step=8, group_size=8)
     train = [r for r in rows if "rl/loss" in r]
     assert len(train) == 3
-    for r in train:  # every correct sample of the 4 x 4 is kept, all-correct groups too; nothing else
-        assert r["rl/n_seqs"] == round(r["rl/accuracy"] * 16) > 0 and "rl/zero_std_frac" in r
+    for r in train:  # every correct sample of the 8 x 8 is kept, all-correct groups too; nothing else
+        assert r["rl/n_seqs"] == round(r["rl/accuracy"] * 64) > 0 and "rl/zero_std_frac" in r
 
 
 def test_rft_without_a_correct_sample_skips_the_step(sft_ckpt, tmp_path, monkeypatch):
@@ -173,8 +173,6 @@ def test_max_seconds_stops_after_the_step_then_evaluates(sft_ckpt, tmp_path):
     evals = [r for r in rows if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 1] and evals[0]["perf/train_s"] == 0 < evals[1]["perf/train_s"]
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 1
-    _, rows = run(sft_ckpt, tmp_path / "timed", loss="sft", pairs_per_step=4, max_iters=3, eval_interval=50, eval_seconds=1e-9)
-    assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 1, 2, 3]  # eval_seconds: one eval per step here
 
 
 def test_wandb_offline_run_records_its_config(sft_ckpt, tmp_path, monkeypatch):
@@ -217,7 +215,7 @@ def test_micro_batches_give_the_same_step(loss, varied_reward):
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=32, scalar_head=loss == "ppo")).eval()
     cfg = rl.Config(loss=loss, prompts_per_step=6, group_size=4, prompt_selection=False)
     train = load_split("mul", "train")
-    batch, _ = rl.collect(model, tok, train, rl.PromptSampler(len(train), torch.Generator().manual_seed(0), False),
+    batch, _ = rl.collect(model, tok, train, rl.PromptSampler(len(train), 0, False),
                           cfg, torch.Generator().manual_seed(0), True, dyn=False)
     P, N = batch["prompt_len"], batch["ids"].size(0)
     for i in range(N):  # responses of 1..L tokens (the sampler's log-probs are 0 past the end)
@@ -330,7 +328,7 @@ def test_dynamic_sampling_keeps_groups_by_accuracy_not_by_shaped_reward(monkeypa
     monkeypatch.setattr(rl, "rollout", fake_rollout)
     monkeypatch.setattr(rl, "cat_rollouts", lambda parts: parts[0])
     cfg = rl.Config(loss="dapo", prompts_per_step=3, group_size=4, max_refills=0)
-    prompts = rl.PromptSampler(10, torch.Generator().manual_seed(0), False)
+    prompts = rl.PromptSampler(10, 0, False)
     batch, stats = rl.collect(None, None, None, prompts, cfg, None, True, dyn=True)
     assert batch["ids"].flatten().tolist() == list(range(4, 8)) and stats["rl/zero_std_frac"] == pytest.approx(2 / 3)
     batch, stats = rl.collect(None, None, None, prompts, cfg, None, True, dyn=True, rm=object())

@@ -1,0 +1,186 @@
+"""The training loop of sft.py and reward_model.py: AdamW, warmup and cosine lr, gradients summed
+over DDP ranks, evals, best.pt / ckpt.pt, metrics, progress, exact resume, exit on SIGINT/SIGTERM.
+
+    dev, rank, world = setup(cfg)
+    last_eval = train(cfg, model, tok, conf, train_step, run_eval, rank, "val/accuracy")
+"""
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+import torch
+
+from checkpoint import load_checkpoint, save_checkpoint
+from config import UserError, print_config
+from ddp import all_reduce, init_distributed, resolve_device, sync_grads
+from logger import Logger, StopFlag, fmt_time, nonfinite, truncate_metrics
+from model import seeded
+
+
+@dataclass
+class TrainConfig:
+    out_dir: str = "out/sft-mul"
+    seed: int = 1337
+    device: str = "auto"  # auto = cuda > mps > cpu
+    threads: int = 0  # torch threads, 0 = torch's default
+    batch_size: int = 256  # rows (or pairs) per optimizer step: the global batch
+    lr: float = 1e-3
+    min_lr: Optional[float] = 1e-4  # end of the cosine decay; None = lr (constant after warmup)
+    warmup_iters: int = 100
+    max_iters: int = 3000
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0  # 0 = off
+    eval_interval: int = 250  # full eval this often, at step 0 and at the end
+    val_interval: int = 50  # with target_val_accuracy: a val-only eval this often
+    target_val_accuracy: Optional[float] = None  # stop once the val metric of best.pt reaches this
+    log_interval: int = 50
+    ckpt_interval: int = 250  # ckpt.pt this often (and at every eval, and on SIGINT/SIGTERM)
+    resume: bool = False  # continue exactly (weights, optimizer, step, best) from out_dir/ckpt.pt
+    wandb: bool = False
+    wandb_project: str = "nanorl"
+    wandb_run_name: str = ""
+    wandb_group: str = ""  # runs of one experiment (compare.py sets it)
+
+
+def setup(cfg, positive=(), non_negative=()):
+    """Reject bad values of the loop's keys and of these, then (device, rank, world): under torchrun
+    each rank takes batch_size / world of every batch. Rank 0 prints the config."""
+    for k in ("lr", "batch_size", "eval_interval", "val_interval", "log_interval", "ckpt_interval",
+              *positive):
+        if getattr(cfg, k) <= 0:
+            raise UserError(f"{k} must be > 0, got {getattr(cfg, k)}")
+    for k in ("min_lr", "warmup_iters", "max_iters", "weight_decay", "grad_clip", *non_negative):
+        if (getattr(cfg, k) or 0) < 0:
+            raise UserError(f"{k} must be >= 0, got {getattr(cfg, k)}")
+    dev = resolve_device(cfg.device)
+    rank, world = init_distributed(dev)
+    if cfg.batch_size % world:
+        raise UserError(f"batch_size={cfg.batch_size} must divide by the {world} ranks")
+    if rank == 0:
+        print_config(cfg)
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.seed)
+    return dev, rank, world
+
+
+def lr_at(it, cfg):
+    """Linear warmup, then cosine decay from lr to min_lr (None: lr) at max_iters."""
+    min_lr = cfg.lr if cfg.min_lr is None else cfg.min_lr
+    if it < cfg.warmup_iters:
+        return cfg.lr * (it + 1) / cfg.warmup_iters
+    frac = min(1.0, (it - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters))
+    return min_lr + 0.5 * (1 + math.cos(math.pi * frac)) * (cfg.lr - min_lr)
+
+
+def resume(cfg, model, opt, tok, master):
+    """Load out_dir/ckpt.pt's weights and optimizer state; returns its (step, best)."""
+    path = os.path.join(cfg.out_dir, "ckpt.pt")
+    ckpt = load_checkpoint(path, hint="nothing to resume; drop --resume")
+    if ckpt["model_args"] != asdict(model.config) or ckpt["tokenizer"] != tok.to_dict():
+        raise UserError(f"{path}: cannot resume, the checkpoint's model or tokenizer differs from "
+                        f"this run's (model {ckpt['model_args']})")
+    model.load_state_dict(ckpt["model"])
+    opt.load_state_dict(ckpt["optimizer"])
+    if master:
+        truncate_metrics(os.path.join(cfg.out_dir, "metrics.jsonl"), ckpt["step"])
+        print(f"resumed from {path} at step {ckpt['step']}", flush=True)
+    return ckpt["step"], ckpt["best_val"]
+
+
+def take_step(cfg, model, opt, train_step, step, rank):
+    """Step step + 1: AdamW at lr_at(step) on train_step's gradients. Returns its stats and token
+    count, each summed over ranks (train_step gives each rank's share of the batch's value)."""
+    lr = lr_at(step, cfg)
+    for g in opt.param_groups:
+        g["lr"] = lr
+    model.train()
+    opt.zero_grad()
+    torch.manual_seed(seeded("cpu", "dropout", cfg.seed, rank, step).initial_seed())  # no RNG state
+    stats, n_tok = train_step(seeded("cpu", "batch", cfg.seed, rank, step))
+    sync_grads(model)  # losses divided by the global count: the sum is the whole batch's gradient
+    total = all_reduce([v.item() for v in stats.values()] + [n_tok]).tolist()
+    bad = nonfinite(torch.tensor(total[0]), model)
+    if bad:  # nothing is stepped or saved: the last checkpoint stays the last good one
+        raise UserError(f"step {step + 1}: non-finite {bad}; stopped, last good checkpoint kept at "
+                        f"{os.path.join(cfg.out_dir, 'ckpt.pt')}")
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
+    opt.step()
+    return {**dict(zip(stats, total)), "train/lr": lr, "train/grad_norm": gnorm.item()}, total[-1]
+
+
+def log_eval(logger, run_eval, step, full):
+    t = time.time()
+    m = run_eval(step, full)
+    logger.log({"step": step, **m})
+    line = " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float))
+    print(f"step {step:5d} | eval {line} | took {time.time() - t:.1f}s", flush=True)
+    return m
+
+
+def log_progress(cfg, logger, step, stats, t0, start, train_s, tokens):
+    """A metrics row and a progress line; the ETA from the mean step time so far, evals included."""
+    dt = time.time() - t0
+    logger.log({"step": step, **stats, "perf/elapsed_s": dt, "perf/tok_s": tokens / train_s})
+    if logger.enabled:
+        eta = dt / (step - start) * (cfg.max_iters - step)
+        line = " ".join(f"{k[6:]} {v:.4g}" for k, v in stats.items())  # keys without "train/"
+        print(f"step {step:5d}/{cfg.max_iters} | {line} | {fmt_time(dt)}, ETA {fmt_time(eta)}",
+              flush=True)
+
+
+def train(cfg, model, tok, conf, train_step, run_eval, rank, metric):
+    """Train `model` (the plain GPT: checkpoints hold it, with config conf) for max_iters steps.
+    train_step(gen): forward and backward on this rank's share of a batch drawn with gen, each loss
+    divided by the global batch's count (tokens, pairs); returns ({"train/loss": loss, ...}, n_tok).
+    run_eval(step, full) -> metrics, rank 0 only: val, with full also test; their `metric` picks
+    best.pt and meets target_val_accuracy. Returns the last eval's metrics."""
+    master, target = rank == 0, cfg.target_val_accuracy
+    opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99))
+    step, best = resume(cfg, model, opt, tok, master) if cfg.resume else (0, -1.0)
+    resumed_at = step if cfg.resume else None  # its evals are logged already
+    logger = Logger(cfg.out_dir, cfg, enabled=master)
+
+    def save(name):
+        save_checkpoint(os.path.join(cfg.out_dir, name), model, opt, conf, step, tok, best_val=best)
+
+    t0, stop, m, train_s, tokens = time.time(), StopFlag(), {}, 0.0, 0
+    try:
+        while True:  # the checkpoint at the top of step s holds everything logged up to s
+            last = step >= cfg.max_iters
+            full = step % cfg.eval_interval == 0 or last
+            check = target is not None and step % cfg.val_interval == 0
+            reached = False
+            if (full or check) and step != resumed_at and master:
+                m = log_eval(logger, run_eval, step, full)
+                reached = target is not None and m[metric] >= target
+                if m[metric] > best:
+                    best = m[metric]
+                    save("best.pt")
+                if reached and not full:
+                    m = log_eval(logger, run_eval, step, True)  # the last row has the test metrics
+            reached, stopping = (all_reduce([reached, stop.signal is not None], "max") > 0).tolist()
+            due = full or check or step % cfg.ckpt_interval == 0
+            if master and (stopping or due and step != resumed_at):
+                save("ckpt.pt")
+            if master and reached:
+                print(f"{metric} {m[metric]:.4f} >= target_val_accuracy: stopping", flush=True)
+            if master and stopping:
+                print(f"{stop.signal or 'a stop signal'}: saved ckpt.pt at step {step}; continue "
+                      "with --resume=true", flush=True)
+            if reached or stopping or last:
+                break
+            t = time.time()
+            stats, n_tok = take_step(cfg, model, opt, train_step, step, rank)
+            step, train_s, tokens = step + 1, train_s + time.time() - t, tokens + n_tok
+            if step % cfg.log_interval == 0 or step == 1:
+                log_progress(cfg, logger, step, stats, t0, resumed_at or 0, train_s, tokens)
+                train_s, tokens = 0.0, 0
+    finally:
+        stop.restore()
+    if master:
+        print(f"done in {fmt_time(time.time() - t0)}; best {metric} {best:.4f}", flush=True)
+    logger.finish()
+    return m
