@@ -1,15 +1,19 @@
-"""Typed config for every script: a @dataclass per script, a config file of plain Python
-assignments, then --key=value overrides; unknown keys or bad values fail naming the key.
-
-    cfg = load_config(Config, ["configs/mul.py", "--lr=3e-4", "--wandb=true"])
-"""
+"""Typed config: a script's @dataclass, then config files (plain Python assignments), then
+--key=value overrides, e.g. load_config(Config, ["configs/mul.py", "--lr=3e-4", "--wandb=true"])."""
 import difflib
 import os
+import runpy
 import sys
 import typing
-from dataclasses import asdict, fields
+from dataclasses import asdict
 
 import torch
+
+from checkpoint import CheckpointError, one_line
+from data.tasks import DataError
+from tokenizer import TokenizerError
+
+BOOLS = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
 
 
 class UserError(Exception):
@@ -17,11 +21,7 @@ class UserError(Exception):
 
 
 def run_cli(main, Config):
-    """Entry point of every script: parse the config, run main, turn user errors into one line. Under
-    torchrun, a collective that fails because another rank died or timed out is one line too (exit 1)."""
-    from data.tasks import DataError
-    from checkpoint import CheckpointError
-    from tokenizer import TokenizerError
+    """Run main(config from sys.argv); bad input, or a dead rank under torchrun, is one line."""
     try:
         return main(load_config(Config, sys.argv[1:]))
     except (UserError, DataError, CheckpointError, TokenizerError) as e:
@@ -30,72 +30,53 @@ def run_cli(main, Config):
     except (RuntimeError, torch.distributed.DistError) as e:
         if not torch.distributed.is_initialized():
             raise
-        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else e.__class__.__name__
-        print(f"error: rank {torch.distributed.get_rank()}: another rank died or did not answer in time, stopping "
-              f"({first})", file=sys.stderr)
+        print(f"error: rank {torch.distributed.get_rank()}: another rank died or did not answer in "
+              f"time, stopping ({one_line(e, 300)})", file=sys.stderr)
         os._exit(1)  # skip the process group's teardown, which would wait on the dead rank
 
 
 def _convert(name, value, tp):
-    """Convert a command-line string (or check a config-file value) to the field type."""
-    origin_args = typing.get_args(tp)
-    optional = type(None) in origin_args
-    base = next((a for a in origin_args if a is not type(None)), tp) if optional else tp
-    if isinstance(value, str) and optional and value.lower() == "none":
-        return None
-    if value is None:
-        if optional:
-            return None
-        raise UserError(f"config key {name!r} must be a {base.__name__}, got None")
-    if base is bool:
-        if isinstance(value, bool):
-            return value
-        if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
-            return value.lower() in ("true", "1", "yes")
-        raise UserError(f"config key {name!r} must be true or false, got {value!r}")
+    """A command-line string or a config-file value as the field's type; Optional[X] takes none."""
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    base, text = (args[0] if args else tp), str(value).lower()
+    if (args and text == "none") or (base is bool and text in BOOLS):
+        return BOOLS.get(text)  # None for "none"
     try:
-        if base is int and isinstance(value, float) and not value.is_integer():
-            raise ValueError
-        if isinstance(value, bool) and base is not bool:
-            raise ValueError
-        return base(float(value)) if base is int and isinstance(value, str) and "e" in value.lower() else base(value)
+        if type(value) in (bool, type(None)) or base is bool or (base is int and float(value) % 1):
+            raise ValueError  # never None -> "None", True -> 1, 2.5 -> 2 or "maybe" -> a bool
+        return int(float(value)) if base is int else base(value)  # int: "1e3" too
     except (TypeError, ValueError):
-        raise UserError(f"config key {name!r} must be a {base.__name__}, got {value!r}") from None
-
-
-def _unknown(key, valid):
-    close = difflib.get_close_matches(key, valid, n=1)
-    hint = f" (did you mean {close[0]!r}?)" if close else f"; valid keys: {', '.join(sorted(valid))}"
-    return UserError(f"unknown config key {key!r}{hint}")
+        kind = "true or false" if base is bool else f"a {base.__name__}"
+        raise UserError(f"config key {name!r} must be {kind}, got {value!r}") from None
 
 
 def load_config(Config, argv):
-    """Config file(s) first (positional args), then --key=value overrides; returns a Config."""
-    hints = typing.get_type_hints(Config)
-    valid = [f.name for f in fields(Config)]
+    """Config files (positional args), then --key=value overrides; unknown keys name the closest."""
+    hints = typing.get_type_hints(Config)  # {field name: type}
     values = {}
+
+    def put(key, value, where=""):
+        if key not in hints:
+            close = difflib.get_close_matches(key, hints, n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"valid: {', '.join(sorted(hints))}"
+            raise UserError(f"{where}unknown config key {key!r} ({hint})")
+        values[key] = _convert(key, value, hints[key])
+
     for arg in argv:
         if arg.startswith("--"):
             if "=" not in arg:
                 raise UserError(f"expected --key=value, got {arg!r}")
-            key, val = arg[2:].split("=", 1)
-            if key not in valid:
-                raise _unknown(key, valid)
-            values[key] = _convert(key, val, hints[key])
-        else:
-            if not os.path.isfile(arg):
-                raise UserError(f"config file {arg!r} not found")
-            ns = {}
-            try:
-                exec(compile(open(arg).read(), arg, "exec"), ns)
-            except Exception as e:
-                raise UserError(f"config file {arg}: {e.__class__.__name__}: {e}") from None
-            for key, val in ns.items():
-                if key.startswith("_") or isinstance(val, type(sys)):
-                    continue
-                if key not in valid:
-                    raise UserError(f"{arg}: " + str(_unknown(key, valid)))
-                values[key] = _convert(key, val, hints[key])
+            put(*arg[2:].split("=", 1))
+            continue
+        if not os.path.isfile(arg):
+            raise UserError(f"config file {arg!r} not found")
+        try:
+            ns = runpy.run_path(arg)
+        except Exception as e:
+            raise UserError(f"config file {arg}: {one_line(e)}") from None
+        for key, value in ns.items():
+            if not key.startswith("_") and not isinstance(value, type(sys)):  # imports are no keys
+                put(key, value, f"{arg}: ")
     return Config(**values)
 
 

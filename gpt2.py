@@ -1,59 +1,43 @@
-"""
-GPT-2-size extras, off the RL path: Hugging Face GPT-2 weights into model.GPT, the tiktoken BPE
-tokenizer, and the task asked in words.
+"""GPT-2-size extras, off the RL path: Hugging Face GPT-2 weights into model.GPT (`--init_from`,
+needs transformers), the tiktoken BPE tokenizer (`--tokenizer=gpt2`, through tokenizer.py) and the
+task asked in words (`mul_text`). A char-only run never imports this file or tiktoken.
 
-    python sft.py configs/gpt2_mul.py                   # tiktoken gpt2 BPE, `mul_text` in words
-    python sft.py configs/gpt2_mul.py --init_from=gpt2  # OpenAI's weights (needs transformers)
-
-- `from_pretrained("gpt2")` (or a `save_pretrained` folder): Hugging Face GPT-2 weights mapped into
-  model.GPT; needs `transformers`, only then. sft.py imports it for `--init_from` alone.
-- `BPETokenizer` wraps a tiktoken Encoding behind tokenizer.py's interface; its PAD is its EOS
-  (masks never come from `ids != pad_id`). `--tokenizer=gpt2` reaches it through
-  `tokenizer.get_tokenizer`, a checkpoint's {"kind": "bpe"} dict through `tokenizer.from_dict`:
-  a char-only run never imports this file or tiktoken.
-- `text_prompt`: a text task (`mul_text`) asks data.tasks' problems in words, "23*47=" -> "What is
-  23 times 47?"; `data.tasks.load_split` words the prompts, the files stay `a*b=c`.
+    python sft.py configs/gpt2_mul.py --init_from=gpt2
 """
 import os
 import re
 
+from checkpoint import CheckpointError, one_line
 from data.tasks import DataError
-from checkpoint import CheckpointError
 from model import GPT, GPTConfig
 from tokenizer import TokenizerError
 
-# ----------------------------------------------------------------------------- weights
-
 # Hugging Face GPT-2 stores these as Conv1D weights, (in, out): nn.Linear wants (out, in)
-HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight",
-                 "mlp.c_proj.weight")
+HF_TRANSPOSED = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
+TEXT_OPS = {"*": "times", "+": "plus"}  # text_prompt's words
 
 
 def from_pretrained(name_or_path, block_size=None, dropout=0.0):
-    """A GPT holding Hugging Face GPT-2 weights: a hub name ("gpt2", "gpt2-medium", ...) or a folder
-    written by `save_pretrained`. Same names as ours; Conv1D weights are transposed, lm_head stays
-    tied to wte, wpe is cropped to block_size (default: the model's n_positions). GPT-2's
-    conventions are ours (biases, LayerNorm eps 1e-5, tanh GELU, 1/sqrt(head_dim) attention), so
-    the logits agree; a config that departs from them is refused. Every failure is a
-    CheckpointError."""
+    """A GPT holding Hugging Face GPT-2 weights: a hub name ("gpt2", "gpt2-medium", ...) or a
+    save_pretrained folder. Same names as ours, Conv1D weights transposed, lm_head tied to wte, wpe
+    cropped to block_size (default n_positions). A config departing from GPT-2's conventions (which
+    model.py shares, so the logits agree) is refused; every failure is a CheckpointError."""
     try:
-        from huggingface_hub.utils import logging as hub_logging
-        from transformers import GPT2LMHeadModel
-        from transformers.utils import logging as hf_logging
+        import huggingface_hub.utils.logging as hub_logging
+        import transformers
     except ImportError:
         raise CheckpointError(f"init_from={name_or_path!r} needs Hugging Face transformers: "
                               "pip install transformers") from None
-    hf_logging.set_verbosity_error()  # one line on failure, not the hub's retry warnings
-    hub_logging.set_verbosity_error()
+    for logging in (transformers.logging, hub_logging):  # one line on failure, not retry warnings
+        logging.set_verbosity_error()
     try:
-        hf = GPT2LMHeadModel.from_pretrained(name_or_path)
+        hf = transformers.GPT2LMHeadModel.from_pretrained(name_or_path)
     except Exception as e:
-        where = f"the folder {name_or_path}" if os.path.isdir(name_or_path) else \
-            (f"https://huggingface.co/{name_or_path} (config.json, model.safetensors; "
-             "no network? give a save_pretrained folder)")
-        msg = " ".join(str(e).split())[:200]
+        where = (f"the folder {name_or_path}" if os.path.isdir(name_or_path) else
+                 f"https://huggingface.co/{name_or_path} (config.json, model.safetensors; no "
+                 "network? give a save_pretrained folder)")
         raise CheckpointError(f"could not load Hugging Face GPT-2 weights from {where}: "
-                              f"{e.__class__.__name__}: {msg}") from None
+                              f"{one_line(e)}") from None
     c = hf.config
     expect = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"),
               "layer_norm_epsilon": (1e-5,), "n_inner": (None, 4 * c.n_embd),
@@ -70,52 +54,43 @@ def from_pretrained(name_or_path, block_size=None, dropout=0.0):
     model = GPT(GPTConfig(block_size=block_size, vocab_size=c.vocab_size, n_layer=c.n_layer,
                           n_head=c.n_head, n_embd=c.n_embd, dropout=dropout, bias=True))
     src = hf.state_dict()
+    src.setdefault("lm_head.weight", src["transformer.wte.weight"])  # tied
     state = {}
     for k in model.state_dict():
-        w = src[k] if k in src else src["transformer.wte.weight"] if k == "lm_head.weight" else None
-        if w is None:
+        if k not in src:
             raise CheckpointError(f"{name_or_path}: no weight {k!r} in the Hugging Face model")
-        if k.endswith(HF_TRANSPOSED):
-            w = w.t()
-        elif k == "transformer.wpe.weight":
-            w = w[:block_size]
-        state[k] = w.float()
+        w = src[k].t() if k.endswith(HF_TRANSPOSED) else src[k]
+        state[k] = (w[:block_size] if k == "transformer.wpe.weight" else w).float()
     model.load_state_dict(state)
     return model
 
 
-# ----------------------------------------------------------------------------- tokenizer
-
 class BPETokenizer:
+    """A tiktoken Encoding behind tokenizer.py's interface; PAD is EOS (masks come from the sampler,
+    never from ids != pad_id)."""
+
     def __init__(self, encoding):
-        self.enc = encoding
-        self.eos_id = encoding.eot_token  # "<|endoftext|>" in the GPT-2 encoding
-        self.pad_id = self.eos_id  # masks come from the sampler, so PAD == EOS is safe
+        self.enc, self.vocab_size = encoding, encoding.n_vocab
+        self.eos_id = self.pad_id = encoding.eot_token  # "<|endoftext|>" in the GPT-2 encoding
         specials = {encoding.encode_single_token(s) for s in encoding.special_tokens_set}
         self.special_ids = specials | {self.eos_id}
-        self.vocab_size = encoding.n_vocab
 
     def encode(self, text):
-        return self.enc.encode_ordinary(text)
+        return self.enc.encode_ordinary(text)  # special-token text in data stays plain text
 
     def decode(self, ids):
         ids = list(ids)
-        if self.eos_id in ids:
-            ids = ids[: ids.index(self.eos_id)]
-        return self.enc.decode(ids)
+        return self.enc.decode(ids[:ids.index(self.eos_id)] if self.eos_id in ids else ids)
 
     def to_dict(self):
-        d = {"kind": "bpe", "name": self.enc.name}
+        """A registered encoding (gpt2, ...) by name, a custom one with its tables as lists."""
         import tiktoken
-        try:  # a registered encoding (gpt2, ...) is stored by name only
-            tiktoken.get_encoding(self.enc.name)
+        d = {"kind": "bpe", "name": self.enc.name}
+        if self.enc.name in tiktoken.list_encoding_names():
             return d
-        except Exception:  # a custom Encoding: its tables as plain lists (weights_only-safe)
-            ranks = self.enc._mergeable_ranks
-            d["pat_str"] = self.enc._pat_str
-            d["ranks"] = [[tok.hex(), r] for tok, r in sorted(ranks.items(), key=lambda kv: kv[1])]
-            d["special_tokens"] = dict(self.enc._special_tokens)
-            return d
+        ranks = sorted(self.enc._mergeable_ranks.items(), key=lambda kv: kv[1])
+        return {**d, "pat_str": self.enc._pat_str, "ranks": [[t.hex(), r] for t, r in ranks],
+                "special_tokens": dict(self.enc._special_tokens)}
 
 
 def bpe_from_dict(d):
@@ -129,30 +104,21 @@ def bpe_from_dict(d):
 
 
 def get_bpe(name):
-    """A registered tiktoken encoding; when its BPE files cannot be fetched, one line naming the
-    file."""
+    """A registered tiktoken encoding; a BPE file it cannot fetch is one line naming its URL."""
     import tiktoken
     try:
         return BPETokenizer(tiktoken.get_encoding(name))
     except Exception as e:
-        text = " ".join(str(e).split())
-        # tiktoken's and requests' messages name the file: "... for url: https://...",
-        # or "host='H' ... url: /path"
-        m = re.search(r"https?://[^\s'\"()]+", text)
-        url = m.group() if m else None
-        if url is None and (m := re.search(r"host='([^']+)'.*?url: (/[^\s'\"()]+)", text)):
-            url = f"https://{m.group(1)}{m.group(2)}"
-        if url:
-            raise TokenizerError(f"could not fetch {url}, a BPE file of the tiktoken encoding "
-                                 f"{name!r} (no network? put tiktoken's cached copy in "
-                                 f"TIKTOKEN_CACHE_DIR): {e.__class__.__name__}") from None
-        raise TokenizerError(f"could not load the tiktoken encoding {name!r}: "
-                             f"{e.__class__.__name__}: {text[:200]}") from None
-
-
-# ----------------------------------------------------------------------------- the task in words
-
-TEXT_OPS = {"*": "times", "+": "plus"}
+        text = " ".join(str(e).split())  # tiktoken's or requests' message: "... https://..." or
+        m = (re.search(r"https?://[^\s'\"()]+", text)  # "host='H' ... url: /path"
+             or re.search(r"host='([^']+)'.*?url: (/[^\s'\"()]+)", text))
+        if m is None:
+            raise TokenizerError(f"could not load the tiktoken encoding {name!r}: "
+                                 f"{one_line(e)}") from None
+        url = m[0] if m[0].startswith("http") else f"https://{m[1]}{m[2]}"
+        raise TokenizerError(f"could not fetch {url}, a BPE file of the tiktoken encoding {name!r} "
+                             "(no network? put tiktoken's cached copy in TIKTOKEN_CACHE_DIR): "
+                             f"{e.__class__.__name__}") from None
 
 
 def text_prompt(prompt):
@@ -160,4 +126,4 @@ def text_prompt(prompt):
     m = re.fullmatch(r"(\d+)([*+])(\d+)=", prompt)
     if m is None:
         raise DataError(f"cannot word the prompt {prompt!r}: expected 'a*b=' or 'a+b='")
-    return f"What is {m.group(1)} {TEXT_OPS[m.group(2)]} {m.group(3)}?"
+    return f"What is {m[1]} {TEXT_OPS[m[2]]} {m[3]}?"
