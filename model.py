@@ -1,16 +1,11 @@
 """
-The GPT (nanoGPT-style, GPT-2 names), its KV cache, the batched sampler, and checkpoints.
+The GPT (nanoGPT-style, GPT-2 names), its KV cache and the batched sampler.
 
-- `GPT.forward(idx)` returns logits for **every** position (B, T, V): RL needs each token's log-prob.
-  Prompts of different lengths are left-padded; `offsets` (B,) says how many pad tokens lead each
-  row, so positions restart at 0 on the first real token and pad keys are masked out.
-- `generate(...)` prefills a batch of prompts once, expands each prompt to G rows of the KV cache,
-  then decodes one token at a time (temperature / top-k / greedy, seeded `torch.Generator`,
-  per-row stop at EOS). It returns the ids, the response mask (sampled tokens up to and including
-  EOS) and the log-prob of each sampled token under the distribution it was drawn from.
-- An optional scalar head (`nn.Linear(n_embd, 1)`) on the last hidden state serves as value head
-  (PPO) or reward head (reward model).
-- `save_checkpoint` / `load_checkpoint`: one plain dict, atomic write, `weights_only=True` load.
+`GPT.forward` returns logits for every position (B, T, V): RL needs each token's log-prob. Prompts
+are left-padded; `offsets` (B,) counts each row's pad tokens, so positions restart at its first
+real token and pad keys are masked out. `generate` prefills each prompt once, expands it to G rows
+of the KV cache and decodes one token at a time, returning the log-prob of every sampled token.
+An optional scalar head on the last hidden state is PPO's value head or the reward model's head.
 """
 import hashlib
 import math
@@ -19,6 +14,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
 
 @dataclass
 class GPTConfig:
@@ -84,17 +80,15 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x, mask, cache, layer):
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hd)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, nh, pos+T, hd)
-        # In eval mode on CPU (rollouts, and every RL log-prob: policy, old, reference) attention
-        # runs in float64 and is rounded back: the cached decode (1 query) and the full forward
-        # (T queries) take different kernels whose fp32 rounding differs by ~1e-5 in log-probs; in
-        # float64 both round to the same fp32 numbers, so sampler and trainer log-probs agree to
-        # ~1e-6. It costs ~12% of a step, so SFT (train mode) keeps fp32.
-        up = not self.training and x.device.type == "cpu" and x.dtype == torch.float32
-        y = F.scaled_dot_product_attention(*((t.double() for t in (q, k, v)) if up else (q, k, v)), attn_mask=mask,
-                                           is_causal=mask is None and T > 1, dropout_p=self.dropout if self.training else 0.0)
+        # eval on CPU (every RL log-prob): float64 attention, so the cached decode and the full
+        # forward, different fp32 kernels, round to the same log-probs (sampler == trainer)
+        if not self.training and x.device.type == "cpu" and x.dtype == torch.float32:
+            q, k, v = q.double(), k.double(), v.double()
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
+                                           dropout_p=self.dropout if self.training else 0.0)
         y = y.to(x.dtype).transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -246,7 +240,8 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
         seq[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
     seq = seq.to(device)  # (B, P)
     offsets = torch.tensor([P - len(p) for p in prompts], device=device)  # (B,)
-    cache = KVCache(model.config, B, P + max_new_tokens, device, model.lm_head.weight.dtype) if use_cache else None
+    dtype = model.lm_head.weight.dtype
+    cache = KVCache(model.config, B, P + max_new_tokens, device, dtype) if use_cache else None
     logits = model(seq, offsets, cache)[:, -1]  # (B, V) one prefill per prompt
     seq, offsets, logits = (t.repeat_interleave(G, dim=0) for t in (seq, offsets, logits))
     if cache is not None:

@@ -54,7 +54,8 @@ def eval_kl(model, ref, tok, problems, reverse, cfg, gen, n=256):
     """KL(policy || ref) (k3, mean over answer tokens) on 4 fresh samples for n test prompts, and on
     the same samples the mean response length (tokens incl. EOS) and the fraction truncated."""
     idx = torch.randperm(len(problems), generator=gen, device=gen.device)[:n].tolist()
-    prompts, k = encode_prompts(tok, [problems[i][0] for i in idx], reverse), max(1, cfg.micro_batch_size // 4)
+    prompts = encode_prompts(tok, [problems[i][0] for i in idx], reverse)
+    k = max(1, cfg.micro_batch_size // 4)
     kl, lengths, finished = 0.0, [], []
     for i in range(0, len(prompts), k):  # k prompts x 4 samples at a time: memory
         out = generate(model, prompts[i:i + k], cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=4,
@@ -82,9 +83,10 @@ def resume(path, cfg, model, opt, world, master):
     """Load the weights and optimizer of an rl.py ckpt.pt of the same loss, model and number of ranks
     -> the checkpoint (its run state and each rank's sampler state)."""
     ck = load_checkpoint(path, hint="nothing to resume; drop --resume")
-    if ck["config"].get("loss") != cfg.loss or ck["model_args"] != model.config.__dict__ or len(ck.get("ranks", [])) != world:
-        raise UserError(f"{path}: cannot resume, it is not a {cfg.loss} run of this model on {world} rank(s) "
-                        f"(loss {ck['config'].get('loss')!r}, {len(ck.get('ranks', []))} rank(s), model {ck['model_args']})")
+    loss, ranks = ck["config"].get("loss"), len(ck.get("ranks", []))
+    if loss != cfg.loss or ck["model_args"] != model.config.__dict__ or ranks != world:
+        raise UserError(f"{path}: cannot resume, it is not a {cfg.loss} run of this model on {world} "
+                        f"rank(s) (loss {loss!r}, {ranks} rank(s), model {ck['model_args']})")
     model.load_state_dict(ck["model"])
     opt.load_state_dict(ck["optimizer"])
     if master:

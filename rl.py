@@ -1,7 +1,7 @@
 """
 Reinforcement learning from the SFT checkpoint, with any loss of losses.ALGOS.
 
-    python rl.py --loss=grpo            # or dapo, dr_grpo, gspo, sapo, cispo, gapo, pnpo, cliff, reinforce, rloo
+    python rl.py --loss=grpo            # or dapo, dr_grpo, gspo, sapo, cispo, gapo, pnpo, cliff, rloo...
     python rl.py --loss=ppo --reward=rm  # PPO against a reward_model.py checkpoint (RLHF)
     python rl.py --loss=dpo             # or ipo, kto (--pairs=online), baselines sft, rft: see pref.py
 
@@ -55,7 +55,6 @@ class Config:
     eval_interval: int = 25
     ckpt_interval: int = 25  # ckpt.pt this often, at every eval, and on SIGINT/SIGTERM
     resume: bool = False  # continue exactly from out_dir/ckpt.pt
-    # rollouts
     prompts_per_step: int = 64
     group_size: int = 16  # G samples per prompt
     temperature: float = 1.0  # the loss sees the same tempered distribution
@@ -64,7 +63,6 @@ class Config:
     max_refills: int = 4  # extra rollout rounds per step to refill them
     overlong_window: Optional[int] = None  # DAPO overlong shaping (tokens), 0 = off; None = the loss's
     prompt_selection: bool = True  # skip once the prompts whose last group was all-equal
-    # optimisation
     lr: float = 2e-4
     warmup_iters: int = 10
     weight_decay: float = 0.0
@@ -89,7 +87,6 @@ class Config:
     rpo_alpha: Optional[float] = None  # dpo/ipo/kto: weight of the chosen answers' NLL (RPO)
     lambda_d: Optional[float] = None  # kto: weight of desirable answers
     lambda_u: Optional[float] = None  # kto: weight of undesirable answers
-    # eval / io
     eval_samples: int = 8  # samples per test problem for pass@1 / pass@8
     threads: int = 0
     device: str = "auto"  # auto = cuda > mps > cpu
@@ -114,21 +111,18 @@ def check_config(cfg):
                         f"got {cfg.reward!r}, {cfg.pairs!r}")
     if cfg.reward == "rm" and (family != "pg" or cfg.loss in ("cliff", "gapo")):
         raise UserError(f"--reward=rm gives real-valued rewards; {cfg.loss} needs the binary verifier")
-    for k in ("lr", "grad_clip", "temperature"):
-        if getattr(cfg, k) <= 0:
-            raise UserError(f"{k} must be > 0, got {getattr(cfg, k)}")
-    for k in ("max_new_tokens", "prompts_per_step", "eval_interval", "ckpt_interval", "pairs_per_step",
-              "ppo_epochs", "minibatches"):
-        if getattr(cfg, k) < 1:
-            raise UserError(f"{k} must be >= 1, got {getattr(cfg, k)}")
-    for k in ("max_iters", "max_seconds", "warmup_iters", "weight_decay", "max_refills", "eval_samples",
-              "eps_low", "eps_high", "beta"):
-        if (getattr(cfg, k) or 0) < 0:
-            raise UserError(f"{k} must be >= 0, got {getattr(cfg, k)}")
+    for keys, bound, ok in (("lr grad_clip temperature", "> 0", lambda v: v > 0),
+                            ("group_size", ">= 2", lambda v: v >= 2),
+                            ("max_new_tokens prompts_per_step eval_interval ckpt_interval pairs_per_step "
+                             "ppo_epochs minibatches", ">= 1", lambda v: v >= 1),
+                            ("max_iters max_seconds warmup_iters weight_decay max_refills eval_samples "
+                             "eps_low eps_high beta", ">= 0", lambda v: v is None or v >= 0)):  # None: default
+        for k in keys.split():
+            if not ok(getattr(cfg, k)):
+                raise UserError(f"{k} must be {bound}, got {getattr(cfg, k)}")
     if (cfg.loss in ("cliff", "gapo") or family == "pref") and overlong_window(cfg) > 0:
-        raise UserError(f"{cfg.loss} needs binary rewards: overlong shaping must be off (--overlong_window=0)")
-    if cfg.group_size < 2:
-        raise UserError(f"group_size must be >= 2 for group-relative advantages, got {cfg.group_size}")
+        raise UserError(f"{cfg.loss} needs binary rewards: overlong shaping must be off "
+                        "(--overlong_window=0)")
     if cfg.clip_c is not None and cfg.clip_c <= 1:  # c < 1 would raise PPO's objective for A < 0
         raise UserError(f"clip_c must be > 1 (dual clip bounds the objective below at clip_c*A for "
                         f"A < 0; 3 is usual), or unset (off); got {cfg.clip_c}")
@@ -325,7 +319,8 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
                                                   batch["response_mask"][ub], batch["prompt_len"],
                                                   cfg.temperature, ppo, g)
                 with torch.set_grad_enabled(bool(ppo and hp["ent_coef"])):  # grad only for PPO's bonus
-                    ent = L.token_entropy(logits, cfg.temperature) if not stats or ppo and hp["ent_coef"] else None
+                    ent = (L.token_entropy(logits, cfg.temperature)
+                           if not stats or ppo and hp["ent_coef"] else None)
                 loss, st = loss_of(ub, lp, values, ent, counts)
                 loss.backward()
                 total += loss.detach()
@@ -370,19 +365,21 @@ def rollout_stats(batch, ref_logp=None, returns=None, beta=None):
 
 def offline(cfg):
     """Whether this loss trains on a step's worth of data files rather than on fresh samples."""
-    return L.ALGOS[cfg.loss].family != "pg" and cfg.loss != "rft" and (cfg.pairs == "offline" or cfg.loss == "sft")
+    family = L.ALGOS[cfg.loss].family
+    return family == "pref" and cfg.pairs == "offline" or cfg.loss == "sft"
 
 
 def train_step(cfg, s, lr, gen):
     """One step of any loss -> its stats (no update when some rank has nothing to learn from)."""
-    family, batch, stats, t0 = L.ALGOS[cfg.loss].family, None, {}, time.time()
+    family, batch, stats, rows, t0 = L.ALGOS[cfg.loss].family, None, {}, None, time.time()
     if offline(cfg):
         n = cfg.pairs_per_step // world_size() * (2 if cfg.loss == "kto" else 1)
         rows, labels = pref.offline_rows(cfg.loss, s.tok, [s.data[i] for i in s.sampler.take(n)], s.reverse)
     else:  # online pairs need a right and a wrong answer in each group; rft keeps every group
         dyn = cfg.dynamic_sampling if family == "pg" else family == "pref"
         batch, stats = collect(s.model, s.tok, s.data, s.sampler, cfg, gen, s.reverse, dyn, s.rm, s.verifier)
-        rows, labels = pref.rollout_rows(batch, cfg.loss, cfg.group_size) if batch and family != "pg" else (0, 0)
+        if batch is not None and family != "pg":
+            rows, labels = pref.rollout_rows(batch, cfg.loss, cfg.group_size)
         if all_reduce(float(batch is None or rows == []), "max").item():  # on any rank: no update
             return stats
         stats.update({"perf/rollout_s": time.time() - t0,
@@ -405,7 +402,8 @@ def setup(cfg):
         raise UserError(f"prompts_per_step={cfg.prompts_per_step} and pairs_per_step={cfg.pairs_per_step} "
                         f"must divide by the {world} ranks")
     model, tok, task, reverse, vname = load_policy(cfg, dev)
-    knobs = {k for a in L.ALGOS.values() for k in a.defaults} & {f.name for f in fields(Config)} - {"max_new_tokens"}
+    knobs = {k for a in L.ALGOS.values() for k in a.defaults} & {f.name for f in fields(Config)}
+    knobs -= {"max_new_tokens"}
     try:  # None: the loss's default; dr_grpo's constant normaliser is max_new_tokens
         hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k) for k in sorted(knobs)}, **(
             {"max_new_tokens": cfg.max_new_tokens} if "max_new_tokens" in L.ALGOS[cfg.loss].defaults else {}))
@@ -413,12 +411,15 @@ def setup(cfg):
         raise UserError(str(e)) from None
     if master:
         print_config(cfg)
-        print(f"resolved: {hp} overlong_window={overlong_window(cfg)} out_dir={out_dir} ranks={world}", flush=True)
+        print(f"resolved: {hp} overlong_window={overlong_window(cfg)} out_dir={out_dir} ranks={world}",
+              flush=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     train, val, test = (load_split(task, s) for s in ("train", "val", "test"))  # a text task in words
-    if max(map(len, encode_prompts(tok, [p for p, _ in train], reverse))) + cfg.max_new_tokens > model.config.block_size:
-        raise UserError(f"max_new_tokens={cfg.max_new_tokens} does not fit block_size={model.config.block_size}")
+    longest = max(map(len, encode_prompts(tok, [p for p, _ in train], reverse)))
+    if longest + cfg.max_new_tokens > model.config.block_size:
+        raise UserError(f"max_new_tokens={cfg.max_new_tokens} does not fit "
+                        f"block_size={model.config.block_size}")
     rm = RewardModel.load(cfg.rm_ckpt, tok, dev) if cfg.reward == "rm" else None
     ref = copy.deepcopy(model).requires_grad_(False)  # the frozen reference
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99), hp.get("vf_lr_mult"))
@@ -428,8 +429,10 @@ def setup(cfg):
         data = load_records(ensure_data(task) / f"{kind}_train.jsonl", kind)[rank::world]
     sampler = PromptSampler(len(data), ("prompts", cfg.seed, rank), cfg.prompt_selection and not offline(cfg))
     fwd = torch.compile(model) if cfg.compile else model
-    amp = torch.autocast(dev.type, torch.bfloat16, enabled=cfg.bf16 if cfg.bf16 is not None else dev.type == "cuda")
-    verifier, task_verifier = None if vname == "exact" else verifier_of(vname), verifier_of(vname)  # None: exact_answer
+    bf16 = dev.type == "cuda" if cfg.bf16 is None else cfg.bf16
+    amp = torch.autocast(dev.type, torch.bfloat16, enabled=bf16)
+    task_verifier = verifier_of(vname)
+    verifier = None if vname == "exact" else task_verifier  # rollouts: None = exact_answer
     conf = {**asdict(cfg), "task": task, "reverse": reverse, "verifier": vname}
     run = dict(step=0, best_val=-1.0, hparams=hp, start_eval=None, last_eval=None, t_train=0.0)
     if cfg.resume:  # the weights, optimizer, run state and samplers: every generator is seeded by step
@@ -447,8 +450,8 @@ def save(s, name):
     mine = {"sampler": s.sampler.state_dict(), **({"rm": s.rm.state_dict()} if s.rm else {})}
     ranks = gather_objects(mine) if name == "ckpt.pt" else [mine]
     if s.master:
-        save_checkpoint(os.path.join(s.out_dir, name), s.model, s.opt, s.conf, s.run["step"], s.tok, ranks=ranks,
-                        **{k: v for k, v in s.run.items() if k != "step"})
+        save_checkpoint(os.path.join(s.out_dir, name), s.model, s.opt, s.conf, s.run["step"], s.tok,
+                        ranks=ranks, **{k: v for k, v in s.run.items() if k != "step"})
 
 
 def run_eval(cfg, s):
@@ -492,8 +495,8 @@ def main(cfg):
             s.logger.log({"step": step, **stats, "perf/step_s": time.time() - t0})
             if s.master:
                 print(progress(cfg, run, stats, time.time() - t0, time.time() - t_start), flush=True)
-            out_of_time, stopping = (all_reduce([0 < cfg.max_seconds <= run["t_train"], stop.signal is not None],
-                                                "max") > 0).tolist()
+            flags = [0 < cfg.max_seconds <= run["t_train"], stop.signal is not None]
+            out_of_time, stopping = (all_reduce(flags, "max") > 0).tolist()  # every rank stops together
             if s.master and (step % cfg.eval_interval == 0 or step == cfg.max_iters or out_of_time):
                 run_eval(cfg, s)
             if step % cfg.ckpt_interval == 0 or step % cfg.eval_interval == 0 or out_of_time or stopping:
@@ -508,7 +511,8 @@ def main(cfg):
     if s.master:
         m0, m, pk = run["start_eval"], run["last_eval"], "eval/" + pass_k_name(cfg.eval_samples)
         print(f"held-out (test) greedy accuracy: {m0['eval/accuracy']:.4f} -> {m['eval/accuracy']:.4f} "
-              f"({100 * (m['eval/accuracy'] - m0['eval/accuracy']):+.1f} points) in {time.time() - t_start:.0f}s; "
+              f"({100 * (m['eval/accuracy'] - m0['eval/accuracy']):+.1f} points) "
+              f"in {time.time() - t_start:.0f}s; "
               + (f"{pk[5:]} {m0[pk]:.4f} -> {m[pk]:.4f}; " if cfg.eval_samples else "")
               + f"checkpoint {s.out_dir}/ckpt.pt", flush=True)
     s.logger.finish()
@@ -522,7 +526,8 @@ def progress(cfg, run, stats, t_step, elapsed):
     left = run["t_train"] / run["step"] * (cfg.max_iters - run["step"])
     left = min(left, cfg.max_seconds - run["t_train"]) if cfg.max_seconds > 0 else left
     shown = " ".join(f"{k} {stats['rl/' + k]:.4g}" for k in SHOWN if "rl/" + k in stats) or "no update"
-    return f"step {run['step']:4d}/{cfg.max_iters} | {shown} | {t_step:.2f}s | {fmt_time(elapsed)}, ETA {fmt_time(left)}"
+    return (f"step {run['step']:4d}/{cfg.max_iters} | {shown} | {t_step:.2f}s | {fmt_time(elapsed)}, "
+            f"ETA {fmt_time(left)}")
 
 
 if __name__ == "__main__":
