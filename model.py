@@ -226,19 +226,15 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
       offsets        (N,)      left-pad count per row, to pass to forward
       prompt_len     P
     Temperature 0 is greedy; its logps are those of the untempered softmax."""
-    was_training = model.training
+    was_training, device = model.training, next(model.parameters()).device
     model.eval()  # no dropout in rollouts
-    device = next(model.parameters()).device
     B, P = len(prompts), max(len(p) for p in prompts)
     if min(len(p) for p in prompts) == 0:
         raise ValueError("empty prompt")
     if P + max_new_tokens > model.config.block_size:
         raise ValueError(f"prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds the context "
                          f"window (block_size={model.config.block_size})")
-    seq = torch.full((B, P), pad_id, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        seq[i, P - len(p):] = torch.tensor(p, dtype=torch.long)
-    seq = seq.to(device)  # (B, P)
+    seq = torch.tensor([[pad_id] * (P - len(p)) + p for p in prompts], device=device)  # (B, P)
     offsets = torch.tensor([P - len(p) for p in prompts], device=device)  # (B,)
     dtype = model.lm_head.weight.dtype
     cache = KVCache(model.config, B, P + max_new_tokens, device, dtype) if use_cache else None
@@ -246,39 +242,29 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
     seq, offsets, logits = (t.repeat_interleave(G, dim=0) for t in (seq, offsets, logits))
     if cache is not None:
         cache.expand(G)
-    N = B * G
-    out = torch.full((N, max_new_tokens), pad_id, dtype=torch.long, device=device)  # (N, L)
-    logps = torch.zeros(N, max_new_tokens, device=device)  # (N, L)
-    rmask = torch.zeros(N, max_new_tokens, dtype=torch.long, device=device)  # (N, L)
-    done = torch.zeros(N, dtype=torch.bool, device=device)
-    L = max_new_tokens
+    done, toks, logps, masks = torch.zeros(B * G, dtype=torch.bool, device=device), [], [], []
     for t in range(max_new_tokens):
         tok, logp_all = sample_next(logits, temperature, top_k, generator)
-        tok = torch.where(done, pad_id, tok)
-        out[:, t] = tok
-        rmask[:, t] = (~done).long()
-        logps[:, t] = torch.where(done, 0.0, logp_all.gather(1, tok[:, None]).squeeze(1))
+        tok = torch.where(done, pad_id, tok)  # (N,)
+        toks.append(tok)
+        masks.append(~done)
+        logps.append(torch.where(done, 0.0, logp_all.gather(1, tok[:, None]).squeeze(1)))
         done = done | (tok == eos_id)
         if bool(done.all()) or t == max_new_tokens - 1:
-            L = t + 1
             break
         seq = torch.cat([seq, tok[:, None]], dim=1)
         logits = (model(tok[:, None], offsets, cache) if cache is not None else model(seq, offsets))[:, -1]
     model.train(was_training)
-    prompt_ids = seq[:, :P]
-    return dict(ids=torch.cat([prompt_ids, out[:, :L]], dim=1),
-                response_mask=torch.cat([torch.zeros_like(prompt_ids), rmask[:, :L]], dim=1),
-                logps=logps[:, :L], offsets=offsets, prompt_len=P)
+    prompt, mask = seq[:, :P], torch.stack(masks, 1).long()  # (N, P), (N, L)
+    return dict(ids=torch.cat([prompt, torch.stack(toks, 1)], 1), logps=torch.stack(logps, 1), offsets=offsets,
+                response_mask=torch.cat([torch.zeros_like(prompt), mask], 1), prompt_len=P)
 
 
 def response_forward(model, ids, offsets, P, G=1, return_scalar=False):
-    """The logits that score each response token, (N, L, V) at positions P-1 .. P+L-2 of ids (N, P+L)
-    (and the scalar head there, (N, L), with return_scalar): model(ids, offsets)[:, P-1:-1].
-
-    With G > 1 the rows come in groups of G sharing a prompt, as `generate` returns them: the prompts
-    run once and their keys/values are expanded to G rows (PrefixKV), as in sampling, so a step
-    costs n_prompts*P + N*(L-1) token positions instead of N*(P+L), and the gradient still flows
-    through the shared prompt."""
+    """model(ids, offsets)[:, P-1:-1]: the logits that score each response token (N, L, V) of ids
+    (N, P+L), and the scalar head there (N, L) with return_scalar. With G > 1 the rows come in
+    groups of G sharing a prompt, as `generate` returns them: each prompt runs once and its keys and
+    values are expanded to its G rows (PrefixKV), so the gradient still flows through the prompt."""
     if G == 1:
         out = model(ids, offsets, return_scalar=return_scalar)
         return tuple(t[:, P - 1:-1] for t in out) if return_scalar else out[:, P - 1:-1]
