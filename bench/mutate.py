@@ -220,7 +220,7 @@ MUTANTS = [  # (file, old, new, what it breaks)
     # rl.advantages
     ("rl.py", 'ref_logp if hp["beta"] else lp', "ref_logp", "advantages: ppo needs a reference at beta 0"),
     ("rl.py", 'hp["gamma"], hp["lam"])', 'hp["lam"], hp["gamma"])', "advantages: gamma / lam swapped"),
-    ("rl.py", "adv = L.whiten(adv, mask, mean, s2 / n - mean * mean)", "adv = adv",
+    ("rl.py", "adv = L.whiten(adv, mask, s / n, s2 / n - (s / n) ** 2)", "adv = adv",
      "advantages: ppo not whitened"),
     ("rl.py", 'dict(old_values=batch["values"], returns=returns)',
      'dict(old_values=batch["values"], returns=adv)', "advantages: ppo returns are the advantages"),
@@ -233,12 +233,9 @@ MUTANTS = [  # (file, old, new, what it breaks)
     (LP, 'Algo(grpo, "pg", "std"', 'Algo(grpo, "pg", "mean"', "ALGOS: grpo gets the mean advantage"),
     (LP, 'Algo(dapo, "pg", "std", 2,', 'Algo(dapo, "pg", "std", 0,', "ALGOS: dapo without overlong shaping"),
     ("rl.py", ".sum(1).repeat_interleave(G)", ".sum(1).repeat(G)", "advantages: gapo counts misaligned"),
-    ("rl.py", 'mask = batch["response_mask"][:, batch["prompt_len"]:].view(',
-     'mask = batch["response_mask"][:, batch["prompt_len"] - 1:-1].view(',
-     "advantages: cliff mask off by one"),
-    ("rl.py", 'mask = batch["response_mask"][:, batch["prompt_len"]:]\n        lp = batch["logps"]',
-     'mask = batch["response_mask"][:, batch["prompt_len"] - 1:-1]\n        lp = batch["logps"]',
-     "advantages: ppo mask off by one"),
+    ("rl.py", 'mask = batch["response_mask"][:, batch["prompt_len"]:]  # (N, L)\n    if kind',
+     'mask = batch["response_mask"][:, batch["prompt_len"] - 1:-1]  # (N, L)\n    if kind',
+     "advantages: response mask off by one"),
 ]
 
 
