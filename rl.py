@@ -361,8 +361,6 @@ def rollout_stats(batch, ref_logp=None, returns=None, beta=None):
     return stats
 
 
-
-
 def offline(cfg):
     """Whether this loss trains on a step's worth of data files rather than on fresh samples."""
     family = L.ALGOS[cfg.loss].family
