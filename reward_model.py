@@ -6,13 +6,13 @@ et al. 2024) and the likelihood term scores answers the head alone (lik_coef=0) 
     loss = -log sigmoid(s(x, y+) - s(x, y-)) + lm_coef * NLL(y+ | x)    (losses.bt_loss, nll_loss)
     s(x, y) = head(h at y's EOS) + lik_coef * log p(y | x)               (rm.rm_scores)
 
+Pairs: data/<task>/pairs_<split>.jsonl (five documented kinds of wrong answer) and "policy" pairs,
+whose wrong answer the SFT policy sampled (the mistakes PPO will meet). best.pt: the mean of the two
+val pair accuracies (the documented ones alone are near 1 from step 0).
+
     python reward_model.py configs/mul_rm.py                            # -> out/rm-mul/ckpt.pt
     python reward_model.py configs/mul_rm.py --lik_coef=0 --lm_coef=0   # the classic head-only RM
     python rl.py --loss=ppo --reward=rm                                 # RLHF: PPO against it
-
-Pairs: data/<task>/pairs_<split>.jsonl (five documented kinds of wrong answer) and "policy" pairs,
-whose wrong answer the SFT policy sampled (the mistakes PPO will meet). Test: `eval/pair_accuracy`
-(and per kind), `eval/policy_pair_accuracy`; the mean of their val twins picks best.pt.
 """
 import time
 from dataclasses import asdict, dataclass
@@ -77,35 +77,35 @@ def pair_accuracy(model, pairs, pad_id, lik_coef):
     """Fraction of pairs (chosen rows, rejected rows, kinds) whose chosen answer scores higher:
     {"": of all, "/kind": of each kind's}."""
     model.eval()
-    def s(rows):  # 512 rows at a time: memory
-        return torch.cat([scores(model, rows[i:i + 512], pad_id, lik_coef)[0]
-                          for i in range(0, len(rows), 512)])
     chosen, rejected, kinds = pairs
-    win = (s(chosen) > s(rejected)).float()  # (N,)
-    out = {"": win.mean().item()}
+    rows, n = chosen + rejected, len(chosen)
+    s = torch.cat([scores(model, rows[i:i + 512], pad_id, lik_coef)[0]
+                   for i in range(0, len(rows), 512)])  # (2N,), 512 rows at a time: memory
+    win = (s[:n] > s[n:]).tolist()
+    out = {"": sum(win) / n}
     for k in sorted(set(kinds)):
-        out["/" + k] = win[torch.tensor([x == k for x in kinds], device=win.device)].mean().item()
+        hits = [w for w, x in zip(win, kinds) if x == k]
+        out["/" + k] = sum(hits) / len(hits)
     return out
 
 
 def load_pairs(cfg, model, tok, task, reverse, rank, world):
-    """{name: (chosen rows, rejected rows, kinds)}: the documented pairs of train (plus the policy
-    pairs of this rank's share of its prompts), val and test; the policy pairs of val and test."""
+    """{name: (chosen rows, rejected rows, kinds)}: the documented pairs of "train" (plus policy
+    pairs of this rank's share of its prompts), "val", "test"; "val_policy", "test_policy"."""
     root, dev = ensure_data(task), next(model.parameters()).device
 
-    def documented(split):
-        recs = load_records(root / f"pairs_{split}.jsonl", "pairs")
-        rows, _ = record_rows(tok, recs, reverse)
-        return rows[:len(recs)], rows[len(recs):], [r.get("kind", "?") for r in recs]
-
     def sampled(split, n, share=slice(None)):
-        problems = load_problems(root / f"{split}.txt")[share]
         gen = seeded(dev, "policy_pairs", split, cfg.seed, rank)
+        problems = load_problems(root / f"{split}.txt")[share]
         return policy_pairs(model, tok, problems, reverse, n, cfg, gen)
 
-    pairs = {split: documented(split) for split in ("train", "val", "test")}
-    pairs["val_policy"] = sampled("val", cfg.eval_policy_samples)
-    pairs["test_policy"] = sampled("test", cfg.eval_policy_samples)
+    pairs = {}
+    for split in ("train", "val", "test"):
+        recs = load_records(root / f"pairs_{split}.jsonl", "pairs")
+        rows, _ = record_rows(tok, recs, reverse)  # chosen rows, then rejected rows
+        pairs[split] = rows[:len(recs)], rows[len(recs):], [r.get("kind", "?") for r in recs]
+        if split != "train":
+            pairs[split + "_policy"] = sampled(split, cfg.eval_policy_samples)
     if not pairs["test_policy"][0]:
         raise UserError("the SFT policy sampled no wrong answer on the test split: no RM eval")
     if cfg.policy_samples:
@@ -142,18 +142,16 @@ def main(cfg):
         return {"train/loss": loss.detach(), "train/pair_accuracy": st["pair_accuracy"] / world,
                 "train/margin": st["margin"] / world, "train/nll": nll.detach()}, mask.numel()
 
-    def run_eval(step, full):
+    def run_eval(split, step):  # test: per kind too; val: the mean of both kinds of pairs
         def acc(name):
             return pair_accuracy(model, pairs[name], tok.pad_id, cfg.lik_coef)
+        if split == "test":
+            return {**{f"eval/pair_accuracy{k}": v for k, v in acc("test").items()},
+                    "eval/policy_pair_accuracy": acc("test_policy")[""]}
         m = {"val/pair_accuracy": acc("val")[""]}
         if pairs["val_policy"][0]:  # none if the policy never erred on val
             m["val/policy_pair_accuracy"] = acc("val_policy")[""]
-        # best.pt: the mean over the documented and the policy-sampled val pairs (PPO meets those)
-        m["val/mean_pair_accuracy"] = sum(m.values()) / len(m)
-        if full:
-            m.update({f"eval/pair_accuracy{k}": v for k, v in acc("test").items()})
-            m["eval/policy_pair_accuracy"] = acc("test_policy")[""]
-        return m
+        return {**m, "val/mean_pair_accuracy": sum(m.values()) / len(m)}
 
     conf = {**asdict(cfg), "task": task, "reverse": reverse}  # what rl.py reads (ckpt_settings)
     return train(cfg, model, tok, conf, train_step, run_eval, rank, "val/mean_pair_accuracy")

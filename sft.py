@@ -1,14 +1,12 @@
 """
-Supervised fine-tuning (here: training from scratch) of the GPT on an arithmetic task.
+Supervised fine-tuning (here: training from scratch) of the GPT on an arithmetic task: cross-entropy
+on the answer + EOS tokens (--loss_on=all: every token) over their count. Evals: greedy accuracy on
+val (val/accuracy, picks best.pt) and test (eval/accuracy), sampled eval/pass@1 and eval/pass@8.
+The loop, its settings (lr, evals, checkpoints, --resume): supervised.py.
 
     python sft.py configs/mul.py                            # -> out/sft-mul/ckpt.pt
-    python sft.py configs/mul.py --lr=3e-4 --max_iters=500 --out_dir=out/try
     python sft.py --task=path/to/folder --reverse=false --verifier=text   # docs/guides.md
     python sft.py configs/gpt2_mul.py --init_from=gpt2      # GPT-2 BPE and OpenAI's weights
-
-Loss: cross-entropy on the answer + EOS tokens (`--loss_on=all`: every token) over their count.
-Evals: greedy accuracy on val (`val/accuracy`, for best.pt) and test (`eval/accuracy`), sampled
-`eval/pass@1`, `eval/pass@8`. The loop, its settings, checkpoints and --resume: supervised.py.
 """
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -102,16 +100,15 @@ def main(cfg):
         raise UserError(f"task {cfg.task!r} is asked in words: it needs a BPE tokenizer "
                         "(--tokenizer=gpt2)")
     verifier = verifier_of(cfg.verifier)
-    # a built-in task's files are generated on first use; your own task's folder is read as is
-    train_set, val, test = (load_split(cfg.task, s) for s in ("train", "val", "test"))
-    tok = get_tokenizer(cfg.tokenizer, task_alphabet(cfg.task, train_set + val + test))
-    rows = encode_split(tok, train_set, cfg.reverse, cfg.block_size, cfg.loss_on)
+    data = {s: load_split(cfg.task, s) for s in ("train", "val", "test")}  # generated on first use
+    tok = get_tokenizer(cfg.tokenizer, task_alphabet(cfg.task, sum(data.values(), [])))
+    rows = encode_split(tok, data["train"], cfg.reverse, cfg.block_size, cfg.loss_on)
     x, y, mask = (t.to(dev) for t in rows)  # (N, T) inputs, targets, loss mask
     model = build_model(cfg, tok).to(dev)
     fwd = torch.compile(model) if cfg.compile else model
     bf16 = cfg.bf16 if cfg.bf16 is not None else bf16_default(dev)
     if rank == 0:
-        print(f"{cfg.task}: {len(train_set)} train / {len(val)} val / {len(test)} test problems; "
+        print(f"{cfg.task}: {' / '.join(f'{len(v)} {k}' for k, v in data.items())} problems; "
               f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on {dev}, "
               f"bf16 autocast {bf16}, compile {cfg.compile}, {world} rank(s)", flush=True)
 
@@ -122,17 +119,15 @@ def main(cfg):
         loss = accumulate_grads(fwd, x[idx], y[idx], mask[idx], micro, bf16, n_tok)
         return {"train/loss": loss}, idx.numel() * x.size(1)
 
-    def run_eval(step, full):  # val greedy accuracy; with full, test greedy accuracy and pass@k too
+    def run_eval(split, step):  # greedy accuracy; on test also pass@k of eval_samples samples
         model.eval()
-        m, _ = evaluate(model, tok, val, cfg.reverse, cfg.max_new_tokens, prefix="val",
-                        verifier=verifier)
-        if full:
-            gen = seeded(dev, "eval", cfg.seed, step)  # pass@k samples
-            m_test, examples = evaluate(model, tok, test, cfg.reverse, cfg.max_new_tokens,
-                                        n_samples=cfg.eval_samples, generator=gen,
-                                        temperature=cfg.eval_temperature, verifier=verifier)
-            m = {**m, **m_test, "eval/examples": examples}
-        return m
+        test = split == "test"
+        m, examples = evaluate(model, tok, data[split], cfg.reverse, cfg.max_new_tokens,
+                               n_samples=cfg.eval_samples if test else 0,
+                               temperature=cfg.eval_temperature, verifier=verifier,
+                               generator=seeded(dev, "eval", cfg.seed, step),
+                               prefix="eval" if test else "val")
+        return {**m, "eval/examples": examples} if test else m
 
     train(cfg, model, tok, asdict(cfg), train_step, run_eval, rank, "val/accuracy")
     return model

@@ -1,7 +1,7 @@
-"""The training loop of sft.py and reward_model.py: AdamW, warmup and cosine lr, gradients summed
-over DDP ranks, evals, best.pt / ckpt.pt, metrics, progress, exact resume, exit on SIGINT/SIGTERM.
+"""The training loop sft.py and reward_model.py share: warmup and cosine lr, val/test evals, best.pt
+and ckpt.pt, metrics and progress lines, exact --resume, a clean stop on SIGINT/SIGTERM.
 
-    dev, rank, world = setup(cfg)
+    dev, rank, world = setup(cfg, positive=("n_layer",), non_negative=("eval_samples",))
     last_eval = train(cfg, model, tok, conf, train_step, run_eval, rank, "val/accuracy")
 """
 import math
@@ -14,13 +14,14 @@ import torch
 
 from checkpoint import load_checkpoint, save_checkpoint
 from config import UserError, print_config
-from ddp import all_reduce, init_distributed, resolve_device, sync_grads
-from logger import Logger, StopFlag, fmt_time, nonfinite, truncate_metrics
+from ddp import all_reduce, init_distributed, resolve_device
+from logger import Logger, StopFlag, fmt_time, truncate_metrics
 from model import seeded
+from policy import optimizer_step
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig:  # the loop's settings: each script's Config adds its own
     out_dir: str = "out/sft-mul"
     seed: int = 1337
     device: str = "auto"  # auto = cuda > mps > cpu
@@ -32,8 +33,8 @@ class TrainConfig:
     max_iters: int = 3000
     weight_decay: float = 0.1
     grad_clip: float = 1.0  # 0 = off
-    eval_interval: int = 250  # full eval this often, at step 0 and at the end
-    val_interval: int = 50  # with target_val_accuracy: a val-only eval this often
+    eval_interval: int = 250  # val and test eval this often, at step 0 and at the end
+    val_interval: int = 50  # with target_val_accuracy: a val eval this often
     target_val_accuracy: Optional[float] = None  # stop once the val metric of best.pt reaches this
     log_interval: int = 50
     ckpt_interval: int = 250  # ckpt.pt this often (and at every eval, and on SIGINT/SIGTERM)
@@ -41,12 +42,12 @@ class TrainConfig:
     wandb: bool = False
     wandb_project: str = "nanorl"
     wandb_run_name: str = ""
-    wandb_group: str = ""  # runs of one experiment (compare.py sets it)
+    wandb_group: str = ""  # runs of one experiment
 
 
 def setup(cfg, positive=(), non_negative=()):
-    """Reject bad values of the loop's keys and of these, then (device, rank, world): under torchrun
-    each rank takes batch_size / world of every batch. Rank 0 prints the config."""
+    """Reject out-of-range values of the loop's keys and of these; seed; print the config (rank 0).
+    Returns (device, rank, world): under torchrun each rank takes batch_size / world of a batch."""
     for k in ("lr", "batch_size", "eval_interval", "val_interval", "log_interval", "ckpt_interval",
               *positive):
         if getattr(cfg, k) <= 0:
@@ -91,56 +92,56 @@ def resume(cfg, model, opt, tok, master):
 
 
 def take_step(cfg, model, opt, train_step, step, rank):
-    """Step step + 1: AdamW at lr_at(step) on train_step's gradients. Returns its stats and token
-    count, each summed over ranks (train_step gives each rank's share of the batch's value)."""
-    lr = lr_at(step, cfg)
-    for g in opt.param_groups:
-        g["lr"] = lr
+    """Step step + 1: train_step's gradients, then policy.optimizer_step (DDP sum, NaN check, clip,
+    AdamW at lr_at(step)). Returns its stats and token count, each summed over ranks."""
     model.train()
     opt.zero_grad()
     torch.manual_seed(seeded("cpu", "dropout", cfg.seed, rank, step).initial_seed())  # no RNG state
     stats, n_tok = train_step(seeded("cpu", "batch", cfg.seed, rank, step))
-    sync_grads(model)  # losses divided by the global count: the sum is the whole batch's gradient
-    total = all_reduce([v.item() for v in stats.values()] + [n_tok]).tolist()
-    bad = nonfinite(torch.tensor(total[0]), model)
-    if bad:  # nothing is stepped or saved: the last checkpoint stays the last good one
-        raise UserError(f"step {step + 1}: non-finite {bad}; stopped, last good checkpoint kept at "
-                        f"{os.path.join(cfg.out_dir, 'ckpt.pt')}")
-    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip or math.inf)
-    opt.step()
+    total = all_reduce([v.item() for v in stats.values()] + [n_tok]).tolist()  # each rank's share
+    lr = lr_at(step, cfg)
+    try:
+        gnorm = optimizer_step(model, opt, torch.tensor(total[0]), lr, cfg.grad_clip or math.inf,
+                               backward=False)
+    except FloatingPointError as e:  # nothing stepped or saved: ckpt.pt stays the last good one
+        raise UserError(f"step {step + 1}: non-finite {e}; stopped, last good checkpoint kept at "
+                        f"{os.path.join(cfg.out_dir, 'ckpt.pt')}") from None
     return {**dict(zip(stats, total)), "train/lr": lr, "train/grad_norm": gnorm.item()}, total[-1]
 
 
-def log_eval(logger, run_eval, step, full):
+def log_eval(logger, run_eval, step, full, target, metric):
+    """Val metrics, plus test's when full or when val's `metric` reaches target (so the last row
+    has them); logged and printed. Returns (metrics, reached)."""
     t = time.time()
-    m = run_eval(step, full)
+    m = run_eval("val", step)
+    reached = target is not None and m[metric] >= target
+    if full or reached:
+        m.update(run_eval("test", step))
     logger.log({"step": step, **m})
     line = " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float))
     print(f"step {step:5d} | eval {line} | took {time.time() - t:.1f}s", flush=True)
-    return m
+    return m, reached
 
 
-def log_progress(cfg, logger, step, stats, t0, start, train_s, tokens):
+def log_progress(cfg, logger, step, stats, dt, steps_done, tok_s):
     """A metrics row and a progress line; the ETA from the mean step time so far, evals included."""
-    dt = time.time() - t0
-    logger.log({"step": step, **stats, "perf/elapsed_s": dt, "perf/tok_s": tokens / train_s})
-    if logger.enabled:
-        eta = dt / (step - start) * (cfg.max_iters - step)
-        line = " ".join(f"{k[6:]} {v:.4g}" for k, v in stats.items())  # keys without "train/"
-        print(f"step {step:5d}/{cfg.max_iters} | {line} | {fmt_time(dt)}, ETA {fmt_time(eta)}",
-              flush=True)
+    logger.log({"step": step, **stats, "perf/elapsed_s": dt, "perf/tok_s": tok_s})
+    eta = dt / steps_done * (cfg.max_iters - step)
+    line = " ".join(f"{k[6:]} {v:.4g}" for k, v in stats.items())  # keys without "train/"
+    print(f"step {step:5d}/{cfg.max_iters} | {line} | {fmt_time(dt)}, ETA {fmt_time(eta)}",
+          flush=True)
 
 
 def train(cfg, model, tok, conf, train_step, run_eval, rank, metric):
     """Train `model` (the plain GPT: checkpoints hold it, with config conf) for max_iters steps.
     train_step(gen): forward and backward on this rank's share of a batch drawn with gen, each loss
     divided by the global batch's count (tokens, pairs); returns ({"train/loss": loss, ...}, n_tok).
-    run_eval(step, full) -> metrics, rank 0 only: val, with full also test; their `metric` picks
+    run_eval(split, step) -> metrics of split "val" or "test", rank 0 only; the val `metric` picks
     best.pt and meets target_val_accuracy. Returns the last eval's metrics."""
     master, target = rank == 0, cfg.target_val_accuracy
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99))
     step, best = resume(cfg, model, opt, tok, master) if cfg.resume else (0, -1.0)
-    resumed_at = step if cfg.resume else None  # its evals are logged already
+    start, done = step, (step if cfg.resume else -1)  # done: this step's evals are logged already
     logger = Logger(cfg.out_dir, cfg, enabled=master)
 
     def save(name):
@@ -151,19 +152,15 @@ def train(cfg, model, tok, conf, train_step, run_eval, rank, metric):
         while True:  # the checkpoint at the top of step s holds everything logged up to s
             last = step >= cfg.max_iters
             full = step % cfg.eval_interval == 0 or last
-            check = target is not None and step % cfg.val_interval == 0
+            evals = step != done and (full or target is not None and step % cfg.val_interval == 0)
             reached = False
-            if (full or check) and step != resumed_at and master:
-                m = log_eval(logger, run_eval, step, full)
-                reached = target is not None and m[metric] >= target
+            if evals and master:
+                m, reached = log_eval(logger, run_eval, step, full, target, metric)
                 if m[metric] > best:
                     best = m[metric]
                     save("best.pt")
-                if reached and not full:
-                    m = log_eval(logger, run_eval, step, True)  # the last row has the test metrics
             reached, stopping = (all_reduce([reached, stop.signal is not None], "max") > 0).tolist()
-            due = full or check or step % cfg.ckpt_interval == 0
-            if master and (stopping or due and step != resumed_at):
+            if master and (stopping or evals or step % cfg.ckpt_interval == 0 and step != done):
                 save("ckpt.pt")
             if master and reached:
                 print(f"{metric} {m[metric]:.4f} >= target_val_accuracy: stopping", flush=True)
@@ -175,8 +172,9 @@ def train(cfg, model, tok, conf, train_step, run_eval, rank, metric):
             t = time.time()
             stats, n_tok = take_step(cfg, model, opt, train_step, step, rank)
             step, train_s, tokens = step + 1, train_s + time.time() - t, tokens + n_tok
-            if step % cfg.log_interval == 0 or step == 1:
-                log_progress(cfg, logger, step, stats, t0, resumed_at or 0, train_s, tokens)
+            if master and (step % cfg.log_interval == 0 or step == 1):
+                log_progress(cfg, logger, step, stats, time.time() - t0, step - start,
+                             tokens / train_s)
                 train_s, tokens = 0.0, 0
     finally:
         stop.restore()
