@@ -94,9 +94,9 @@ def test_same_seeds_same_table_failed_run_is_a_row_and_nothing_is_lost(sft_ckpt,
     assert first["failed"] == ["cliff-s1337"] and "matplotlib is not installed (pip install matplotlib)" in md1
     assert not (out / "compare.png").exists()
     t = table(md1)
-    assert [r[0] for r in t[1:]] == ["grpo", "cliff", "sft"]
-    assert "sft 9 steps (--baseline_budget=auto: 2 RL steps x" in md1  # 2 x 4.6, the same training time here
-    assert t[2][1] == "failed (see runs/cliff-s1337/log.txt)"
+    assert [r[0] for r in t[1:]] == ["grpo", "cliff (1 of 1 seeds failed: see runs/cliff-s1337/log.txt)", "sft"]
+    assert "baselines (budget auto): sft 9" in md1  # 2 x 4.6, the same training time here
+    assert t[2][1:3] == ["—", "— → —"]
     assert "cliff needs binary rewards" in (out / "runs" / "cliff-s1337" / "log.txt").read_text()
     assert t[1][1] == "2" and t[3][1] == "9" and t[1][2].startswith("0.") and "→" in t[3][2]  # steps, accuracy
 
@@ -106,7 +106,7 @@ def test_same_seeds_same_table_failed_run_is_a_row_and_nothing_is_lost(sft_ckpt,
     for md in (md1, md2):  # the timing columns are there, whole seconds, for every run that finished
         raw = [[c.strip() for c in line.strip().strip("|").split("|")] for line in md.splitlines() if line.startswith("| ")]
         cols = [raw[0].index(h) for h in TIMING]
-        assert all(r[c].isdigit() for r in raw[1:] if not r[1].startswith("failed") for c in cols)
+        assert all(r[c].isdigit() for r in raw[1:] if "failed" not in r[0] for c in cols)
     assert (out / "runs" / "grpo-s1337.old1" / "metrics.jsonl").read_text() == '{"step": 0}\n'  # the earliest
     assert (out / "runs" / "grpo-s1337.old2" / "log.txt").exists() and second["failed"] == ["cliff-s1337"]
     try:
@@ -120,16 +120,17 @@ def test_wandb_runs_share_a_group_offline(sft_ckpt, tmp_path, monkeypatch):  # n
     for k, v in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path), "WANDB_CONSOLE": "off"}.items():
         monkeypatch.setenv(k, v)
     out = tmp_path / "cmp"
-    compare.main(compare.Config(losses="sft", sft_ckpt=sft_ckpt, out_dir=str(out), wandb=True, wandb_group="grp-cmp-7",
-                                **{**TINY, "baseline_budget": "1"}))
-    logs = {}
-    for d in (out / "runs" / "sft-s1337", out):  # the run and compare's own summary run
-        runs = list((d / "wandb").glob("offline-run-*"))
-        assert len(runs) == 1, d
+    compare.main(compare.Config(losses="sft,rft", sft_ckpt=sft_ckpt, out_dir=str(out), wandb=True,
+                                **{**TINY, "baseline_budget": "1", "rl_args": TINY["rl_args"] + " --wandb_group=grp-cmp-7"}))
+    for name in ("sft-s1337", "rft-s1337"):
+        runs = list((out / "runs" / name / "wandb").glob("offline-run-*"))
+        assert len(runs) == 1, name
         for _ in range(100):  # wandb's service may still be flushing the file on a loaded machine
-            logs[d] = b"".join(p.read_bytes() for p in runs[0].glob("*.wandb"))
-            if b"grp-cmp-7" in logs[d]:
+            log = b"".join(p.read_bytes() for p in runs[0].glob("*.wandb"))
+            if b"grp-cmp-7" in log:
                 break
             time.sleep(0.2)
-        assert b"grp-cmp-7" in logs[d]
-    assert b"sft-s1337/accuracy" in logs[out]
+        assert b"grp-cmp-7" in log
+        config = next(x for x in (out / "runs" / name / "log.txt").read_text().splitlines() if x.startswith("config:"))
+        assert "wandb_group=grp-cmp-7" in config.split()  # rl_args' group wins over compare's default
+    assert not (out / "wandb").exists()  # no summary run of its own
