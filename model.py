@@ -256,8 +256,8 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
         logits = (model(tok[:, None], offsets, cache) if cache is not None else model(seq, offsets))[:, -1]
     model.train(was_training)
     prompt, mask = seq[:, :P], torch.stack(masks, 1).long()  # (N, P), (N, L)
-    return dict(ids=torch.cat([prompt, torch.stack(toks, 1)], 1), logps=torch.stack(logps, 1), offsets=offsets,
-                response_mask=torch.cat([torch.zeros_like(prompt), mask], 1), prompt_len=P)
+    return dict(ids=torch.cat([prompt, torch.stack(toks, 1)], 1), logps=torch.stack(logps, 1),
+                response_mask=torch.cat([torch.zeros_like(prompt), mask], 1), offsets=offsets, prompt_len=P)
 
 
 def response_forward(model, ids, offsets, P, G=1, return_scalar=False):
