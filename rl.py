@@ -440,7 +440,10 @@ def setup(cfg):
         if rm is not None:
             rm.load_state_dict(ck["ranks"][rank]["rm"])
     logger = Logger(out_dir, cfg, enabled=master, resolved={**conf, "out_dir": out_dir, "hparams": hp})
-    return SimpleNamespace(**locals())  # every name above
+    return SimpleNamespace(model=model, fwd=fwd, ref=ref, opt=opt, tok=tok, hp=hp, rm=rm, data=data,
+                           sampler=sampler, val=val, test=test, reverse=reverse, verifier=verifier,
+                           task_verifier=task_verifier, amp=amp, run=run, conf=conf, logger=logger,
+                           out_dir=out_dir, dev=dev, rank=rank, world=world, master=master)
 
 
 def save(s, name):
