@@ -26,7 +26,7 @@ def unwrap(model):
 
 def save_checkpoint(path, model, optimizer=None, config=None, step=0, tokenizer=None, **extra):
     """Plain data only (weights_only-loadable), written to a temp file, fsynced, then renamed: a
-    crash mid-write leaves the previous checkpoint whole. extra: more entries (RNG states, ...)."""
+    crash mid-write leaves the previous checkpoint whole. extra: more entries (run state, ...)."""
     raw = unwrap(model)
     ckpt = {"model": raw.state_dict(), "model_args": asdict(raw.config), "step": step,
             "optimizer": optimizer and optimizer.state_dict(), "config": dict(config or {}),

@@ -64,8 +64,9 @@ def eval_kl(model, ref, tok, problems, reverse, cfg, gen, n=256):
         ref_lp = L.token_logps(response_forward(ref, out["ids"], out["offsets"], P, 4), out["ids"][:, P:],
                                mask, cfg.temperature)  # (n, L)
         kl += L.masked_sum(L.kl_estimate(out["logps"], ref_lp, "k3"), mask).item()
-        lengths += [len(r) for r in responses(out)]
-        finished += [r[-1:] == [tok.eos_id] for r in responses(out)]
+        resp = responses(out)
+        lengths += [len(r) for r in resp]
+        finished += [r[-1:] == [tok.eos_id] for r in resp]
     return {"eval/kl": kl / max(1, sum(lengths)), "eval/resp_len": sum(lengths) / len(lengths),
             "eval/truncated_frac": 1 - sum(finished) / len(finished)}
 

@@ -37,11 +37,15 @@ def rollout_rows(batch, loss, G):
     return rows, (None if loss == "rft" else torch.arange(len(rows)) < len(rows) // 2)
 
 
+def row_logps(model, rows, pad_id):
+    """(logp, mask), both (N, T-1): the answer tokens' log-probs of (prompt ids, answer ids) rows."""
+    ids, mask = (t.to(next(model.parameters()).device) for t in pack(rows, pad_id))  # (N, T) each
+    return L.response_logps(model(ids), ids, mask)
+
+
 def seq_logps(model, rows, pad_id):
     """(N,) sum of the answer tokens' log-probs of each (prompt ids, answer ids) row."""
-    ids, mask = (t.to(next(model.parameters()).device) for t in pack(rows, pad_id))  # (N, T) each
-    lp, m = L.response_logps(model(ids), ids, mask)  # (N, T-1) each
-    return L.masked_sum(lp, m, dim=1)
+    return L.masked_sum(*row_logps(model, rows, pad_id), dim=1)
 
 
 def loss(model, ref, tok, rows, labels, name, hp):
@@ -49,8 +53,7 @@ def loss(model, ref, tok, rows, labels, name, hp):
     tokens), so the ranks' summed gradients are the whole batch's. DPO/IPO rows are n chosen then n
     rejected; KTO's reference point z comes from mismatched pairs (answer i+1 after prompt i), per rank."""
     if L.ALGOS[name].family == "sft":  # the per-token NLL of the answers, at temperature 1
-        ids, mask = (t.to(next(model.parameters()).device) for t in pack(rows, tok.pad_id))  # (N, T)
-        lp, m = L.response_logps(model(ids), ids, mask)  # (N, T-1) each
+        lp, m = row_logps(model, rows, tok.pad_id)  # (N, T-1) each
         loss, st = L.nll_loss(lp, m, n_tokens=all_reduce(m.sum().item()).item())
         return loss, {"rl/nll": st["nll"].item(), "rl/n_seqs": len(rows), "rl/n_tokens": m.sum().item()}
     with torch.no_grad():

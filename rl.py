@@ -198,6 +198,8 @@ def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None
 
 def cat_rollouts(parts):
     """One rollout from several: prompts left-padded to the longest, responses right-padded."""
+    if len(parts) == 1:
+        return parts[0]
     P, R = max(p["prompt_len"] for p in parts), max(p["logps"].size(1) for p in parts)
     pad = torch.nn.functional.pad
     for p in parts:
