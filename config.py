@@ -82,3 +82,12 @@ def load_config(Config, argv):
 
 def print_config(cfg):
     print("config: " + " ".join(f"{k}={v}" for k, v in asdict(cfg).items()), flush=True)
+
+
+def check_bounds(cfg, *rules):
+    """rules: (space-separated keys, the bound in words, a test of one value). The first key whose
+    value fails its test stops the run with one line: "{key} must be {bound}, got {value}"."""
+    for keys, bound, ok in rules:
+        for k in keys.split():
+            if not ok(getattr(cfg, k)):
+                raise UserError(f"{k} must be {bound}, got {getattr(cfg, k)}")

@@ -24,7 +24,7 @@ import torch
 import losses as L
 import pref
 from checkpoint import save_checkpoint, unwrap
-from config import UserError, print_config, run_cli
+from config import UserError, check_bounds, print_config, run_cli
 from data.tasks import ensure_data, load_records, load_split
 from ddp import all_reduce, gather_objects, init_distributed, mean_over_ranks, resolve_device, world_size
 from evaluate import encode_prompts, gold_rows, grade, pass_k_name, responses, verifier_of
@@ -111,15 +111,12 @@ def check_config(cfg):
                         f"got {cfg.reward!r}, {cfg.pairs!r}")
     if cfg.reward == "rm" and (family != "pg" or cfg.loss in ("cliff", "gapo")):
         raise UserError(f"--reward=rm gives real-valued rewards; {cfg.loss} needs the binary verifier")
-    for keys, bound, ok in (("lr grad_clip temperature", "> 0", lambda v: v > 0),  # None: a loss default
-                            ("group_size", ">= 2", lambda v: v >= 2),
-                            ("max_new_tokens prompts_per_step eval_interval ckpt_interval pairs_per_step "
-                             "ppo_epochs minibatches", ">= 1", lambda v: v >= 1),
-                            ("max_iters max_seconds warmup_iters weight_decay max_refills eval_samples "
-                             "eps_low eps_high beta", ">= 0", lambda v: v is None or v >= 0)):
-        for k in keys.split():
-            if not ok(getattr(cfg, k)):
-                raise UserError(f"{k} must be {bound}, got {getattr(cfg, k)}")
+    check_bounds(cfg, ("lr grad_clip temperature", "> 0", lambda v: v > 0),
+                 ("group_size", ">= 2", lambda v: v >= 2),
+                 ("max_new_tokens prompts_per_step eval_interval ckpt_interval pairs_per_step "
+                  "ppo_epochs minibatches", ">= 1", lambda v: v >= 1),
+                 ("max_iters max_seconds warmup_iters weight_decay max_refills eval_samples "
+                  "eps_low eps_high beta", ">= 0", lambda v: v is None or v >= 0))  # None: a default
     if (cfg.loss in ("cliff", "gapo") or family == "pref") and overlong_window(cfg) > 0:
         raise UserError(f"{cfg.loss} needs binary rewards: overlong shaping must be off "
                         "(--overlong_window=0)")

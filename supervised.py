@@ -13,7 +13,7 @@ from typing import Optional
 import torch
 
 from checkpoint import load_checkpoint, save_checkpoint
-from config import UserError, print_config
+from config import UserError, check_bounds, print_config
 from ddp import all_reduce, init_distributed, resolve_device
 from logger import Logger, StopFlag, fmt_time, truncate_metrics
 from model import seeded
@@ -48,13 +48,10 @@ class TrainConfig:  # the loop's settings: each script's Config adds its own
 def setup(cfg, positive=(), non_negative=()):
     """Reject out-of-range values of the loop's keys and of these; seed; print the config (rank 0).
     Returns (device, rank, world): under torchrun each rank takes batch_size / world of a batch."""
-    for k in ("lr", "batch_size", "eval_interval", "val_interval", "log_interval", "ckpt_interval",
-              *positive):
-        if getattr(cfg, k) <= 0:
-            raise UserError(f"{k} must be > 0, got {getattr(cfg, k)}")
-    for k in ("min_lr", "warmup_iters", "max_iters", "weight_decay", "grad_clip", *non_negative):
-        if (getattr(cfg, k) or 0) < 0:
-            raise UserError(f"{k} must be >= 0, got {getattr(cfg, k)}")
+    check_bounds(cfg, (" ".join(("lr batch_size eval_interval val_interval log_interval ckpt_interval",
+                                 *positive)), "> 0", lambda v: v > 0),
+                 (" ".join(("min_lr warmup_iters max_iters weight_decay grad_clip", *non_negative)),
+                  ">= 0", lambda v: v is None or v >= 0))  # min_lr None: constant lr
     dev = resolve_device(cfg.device)
     rank, world = init_distributed(dev)
     if cfg.batch_size % world:
