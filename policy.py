@@ -5,11 +5,11 @@ sum, NaN check, clip), evaluate it (held-out accuracy, pass@k, KL to the referen
 import torch
 
 import losses as L
-from checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
+from checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint, restore
 from config import UserError
 from ddp import sync_grads
 from evaluate import encode_prompts, evaluate, responses
-from logger import nonfinite, truncate_metrics
+from logger import nonfinite
 from model import generate, response_forward
 from tokenizer import CharTokenizer
 
@@ -88,9 +88,5 @@ def resume(path, cfg, model, opt, world, master):
     if loss != cfg.loss or ck["model_args"] != model.config.__dict__ or ranks != world:
         raise UserError(f"{path}: cannot resume, it is not a {cfg.loss} run of this model on {world} "
                         f"rank(s) (loss {loss!r}, {ranks} rank(s), model {ck['model_args']})")
-    model.load_state_dict(ck["model"])
-    opt.load_state_dict(ck["optimizer"])
-    if master:
-        truncate_metrics(path.replace("ckpt.pt", "metrics.jsonl"), ck["step"])
-        print(f"resumed from {path} at step {ck['step']}", flush=True)
+    restore(path, ck, model, opt, master)
     return ck

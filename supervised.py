@@ -12,10 +12,10 @@ from typing import Optional
 
 import torch
 
-from checkpoint import load_checkpoint, save_checkpoint
+from checkpoint import load_checkpoint, restore, save_checkpoint
 from config import UserError, check_bounds, print_config
 from ddp import all_reduce, init_distributed, resolve_device
-from logger import Logger, StopFlag, fmt_time, truncate_metrics
+from logger import Logger, StopFlag, fmt_time
 from model import seeded
 from policy import optimizer_step
 
@@ -80,11 +80,7 @@ def resume(cfg, model, opt, tok, master):
     if ckpt["model_args"] != asdict(model.config) or ckpt["tokenizer"] != tok.to_dict():
         raise UserError(f"{path}: cannot resume, the checkpoint's model or tokenizer differs from "
                         f"this run's (model {ckpt['model_args']})")
-    model.load_state_dict(ckpt["model"])
-    opt.load_state_dict(ckpt["optimizer"])
-    if master:
-        truncate_metrics(os.path.join(cfg.out_dir, "metrics.jsonl"), ckpt["step"])
-        print(f"resumed from {path} at step {ckpt['step']}", flush=True)
+    restore(path, ckpt, model, opt, master)
     return ckpt["step"], ckpt["best_val"]
 
 
