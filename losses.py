@@ -41,7 +41,7 @@ def token_logps(logits, labels, mask, temperature=1.0):
     """(B, T) log-probs of labels under the tempered fp32 softmax of shifted logits (B, T, V);
     0 off the mask."""
     labels = torch.where(mask.bool(), labels, 0)                     # (B, T) valid at padding
-    z = logits.float() / temperature                                 # (B, T, V)
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # (B, T, V) fp32+
     logp = z.gather(-1, labels[..., None]).squeeze(-1) - z.logsumexp(-1)  # (B, T)
     return torch.where(mask.bool(), logp, 0.0)
 
