@@ -15,9 +15,10 @@ from tokenizer import CharTokenizer
 
 
 def load_policy(cfg, dev):
-    """The SFT checkpoint -> (model, tok, task, reverse, verifier name), in eval mode (no dropout in
-    any log-prob). PPO's critic is a value head on the policy's own trunk (one forward gives logits
-    and values), zero at the start, not noise."""
+    """The SFT checkpoint -> (model, tok, task, reverse, verifier name, n_train: how many train
+    problems its labels came from, 0 = all), in eval mode (no dropout in any log-prob). PPO's critic
+    is a value head on the policy's own trunk (one forward gives logits and values), zero at the
+    start, not noise."""
     ckpt = load_checkpoint(cfg.sft_ckpt, hint="make one with: python sft.py configs/mul.py")
     ppo = cfg.loss == "ppo"
     model, tok = model_from_checkpoint(ckpt, cfg.sft_ckpt, scalar_head=True if ppo else None)
@@ -28,7 +29,7 @@ def load_policy(cfg, dev):
         raise UserError(f"cliff finds the first wrong token against the gold answer's tokens, which only "
                         f"the exact verifier with the char tokenizer makes unique; this checkpoint has "
                         f"verifier {vname!r} and a {type(tok).__name__}")
-    return model.to(dev).eval(), tok, task, reverse, vname
+    return model.to(dev).eval(), tok, task, reverse, vname, ckpt["config"].get("n_train", 0)
 
 
 def optimizer_step(model, opt, loss, lr, grad_clip, backward=True):

@@ -25,7 +25,7 @@ import losses as L
 import pref
 from checkpoint import save_checkpoint, unwrap
 from config import UserError, check_bounds, print_config, run_cli
-from data.tasks import ensure_data, load_records, load_split
+from data.tasks import ensure_data, labelled, load_records, load_split
 from ddp import all_reduce, gather_objects, init_distributed, mean_over_ranks, resolve_device, world_size
 from evaluate import encode_prompts, gold_rows, grade, pass_k_name, responses, verifier_of
 from logger import Logger, StopFlag, fmt_time
@@ -398,7 +398,7 @@ def setup(cfg):
     if cfg.prompts_per_step % world or cfg.pairs_per_step % world:
         raise UserError(f"prompts_per_step={cfg.prompts_per_step} and pairs_per_step={cfg.pairs_per_step} "
                         f"must divide by the {world} ranks")
-    model, tok, task, reverse, vname = load_policy(cfg, dev)
+    model, tok, task, reverse, vname, n_train = load_policy(cfg, dev)
     knobs = {k for a in L.ALGOS.values() for k in a.defaults} & {f.name for f in fields(Config)}
     knobs -= {"max_new_tokens"}
     try:  # None: the loss's default; dr_grpo's constant normaliser is max_new_tokens
@@ -420,7 +420,7 @@ def setup(cfg):
     rm = RewardModel.load(cfg.rm_ckpt, tok, dev) if cfg.reward == "rm" else None
     ref = copy.deepcopy(model).requires_grad_(False)  # the frozen reference
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99), hp.get("vf_lr_mult"))
-    data = train[rank::world]  # this rank's train prompts, or offline pairs / labelled answers
+    data = (labelled(train, n_train) if cfg.loss == "sft" else train)[rank::world]  # sft: the SFT's labels
     if offline(cfg) and cfg.loss != "sft":
         kind = "kto" if cfg.loss == "kto" else "pairs"
         data = load_records(ensure_data(task) / f"{kind}_train.jsonl", kind)[rank::world]
@@ -430,7 +430,7 @@ def setup(cfg):
     amp = torch.autocast(dev.type, torch.bfloat16, enabled=bf16)
     task_verifier = verifier_of(vname)
     verifier = None if vname == "exact" else task_verifier  # rollouts: None = exact_answer
-    conf = {**asdict(cfg), "task": task, "reverse": reverse, "verifier": vname}
+    conf = {**asdict(cfg), "task": task, "reverse": reverse, "verifier": vname, "n_train": n_train}
     run = dict(step=0, best_val=-1.0, hparams=hp, start_eval=None, last_eval=None, t_train=0.0)
     if cfg.resume:  # the weights, optimizer, run state and samplers: every generator is seeded by step
         ck = resume(os.path.join(out_dir, "ckpt.pt"), cfg, model, opt, world, master)

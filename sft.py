@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from config import UserError, run_cli
-from data.tasks import TASKS, load_split, task_alphabet
+from data.tasks import TASKS, labelled, load_split, task_alphabet
 from ddp import all_reduce, bf16_default
 from evaluate import evaluate, gold_rows, pack, verifier_of
 from model import GPT, GPTConfig, seeded
@@ -39,6 +39,7 @@ class Config(TrainConfig):
     bf16: Optional[bool] = None  # bf16 autocast (fp32 weights and loss); None: if native
     compile: bool = False  # torch.compile the training forward (checkpoints hold the plain model)
     loss_on: str = "response"  # "response" (answer + EOS) or "all" tokens
+    n_train: int = 0  # scarce labels: only the first n_train of a seeded shuffle of train; 0 = all
     eval_samples: int = 8  # samples per test problem for pass@1 / pass@8 (fewer: pass@n; 0: none)
     eval_temperature: float = 1.0  # the RL sampling temperature
     max_new_tokens: int = 8
@@ -89,7 +90,8 @@ def build_model(cfg, tok):
 
 def main(cfg):
     shape = ("n_layer", "n_head", "n_embd", "block_size", "max_new_tokens")
-    dev, rank, world = setup(cfg, positive=shape, non_negative=("eval_samples", "micro_batch_size"))
+    dev, rank, world = setup(cfg, positive=shape,
+                             non_negative=("eval_samples", "micro_batch_size", "n_train"))
     if not 0 <= cfg.dropout < 1:
         raise UserError(f"dropout must be in [0, 1), got {cfg.dropout}")
     if cfg.loss_on not in ("response", "all"):
@@ -102,6 +104,9 @@ def main(cfg):
     verifier = verifier_of(cfg.verifier)
     data = {s: load_split(cfg.task, s) for s in ("train", "val", "test")}  # generated on first use
     tok = get_tokenizer(cfg.tokenizer, task_alphabet(cfg.task, sum(data.values(), [])))
+    if cfg.n_train > len(data["train"]):
+        raise UserError(f"n_train={cfg.n_train} but the train split holds {len(data['train'])} problems")
+    data["train"] = labelled(data["train"], cfg.n_train)  # rl.py's --loss=sft reads n_train too
     rows = encode_split(tok, data["train"], cfg.reverse, cfg.block_size, cfg.loss_on)
     x, y, mask = (t.to(dev) for t in rows)  # (N, T) inputs, targets, loss mask
     model = build_model(cfg, tok).to(dev)

@@ -137,6 +137,12 @@ def ensure_data(task, data_dir=DATA_DIR, seed=DATA_SEED):
     return root
 
 
+def labelled(problems, n):
+    """The first n problems of a seeded shuffle (a smaller n keeps a subset of a larger); 0 = all."""
+    order = random.Random(DATA_SEED + 2).sample(range(len(problems)), len(problems))
+    return [problems[i] for i in order[:n]] if n else problems
+
+
 def task_alphabet(task, problems):
     """The char tokenizer's alphabet: ALPHABET, plus for your own task every other character of its
     problems, sorted (the same files always give the same ids)."""

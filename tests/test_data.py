@@ -5,7 +5,7 @@ import random
 import pytest
 
 from data.tasks import (ALPHABET, WRONG_KINDS, DataError, compute, ensure_data, format_answer,
-                        load_problems, load_split, parse_answer, problems_of, split_pairs,
+                        labelled, load_problems, load_split, parse_answer, problems_of, split_pairs,
                         wrong_answer)
 from gpt2 import text_prompt
 
@@ -84,3 +84,11 @@ def test_text_task_has_mul_problems_in_words():
     assert any(("What is 23 times 47?", "1081") in load_split("mul_text", s) for s in ("train", "val", "test"))
     with pytest.raises(DataError, match="cannot word the prompt"):
         text_prompt("23x47=")
+
+
+def test_labelled_problems_are_a_seeded_nested_subset():
+    train = load_split("mul", "train")
+    few, more = labelled(train, 100), labelled(train, 400)
+    assert len(few) == 100 and len(set(few)) == 100 and few == more[:100]  # nested
+    assert few == labelled(list(train), 100) and few != train[:100]  # seeded, shuffled
+    assert labelled(train, 0) == train

@@ -152,6 +152,27 @@ def test_sft_baseline_trains_on_gold_answers(sft_ckpt, tmp_path):
     assert "perf/rollout_tok_s" not in train[0]  # no rollouts
 
 
+def test_sft_baseline_reads_only_the_checkpoints_labelled_problems(sft_ckpt, tmp_path, monkeypatch):
+    """An SFT checkpoint of n_train labels: --loss=sft trains on those problems only, the RL losses
+    draw prompts from the whole train split."""
+    from checkpoint import save_checkpoint, model_from_checkpoint
+    from data.tasks import labelled, load_split
+    ckpt = load_checkpoint(sft_ckpt)
+    model, tok = model_from_checkpoint(ckpt, sft_ckpt)
+    scarce = str(tmp_path / "scarce.pt")
+    save_checkpoint(scarce, model, config={**ckpt["config"], "n_train": 12}, tokenizer=tok)
+    seen = []
+    offline_rows = rl.pref.offline_rows
+    monkeypatch.setattr(rl.pref, "offline_rows", lambda loss, tok, items, rev: seen.extend(items) or
+                        offline_rows(loss, tok, items, rev))
+    run(scarce, tmp_path / "sft", loss="sft", pairs_per_step=8, max_iters=3, eval_interval=3, eval_samples=0)
+    train = load_split("mul", "train")
+    assert len(seen) == 24 and set(seen) == set(labelled(train, 12))  # 24 draws, in epochs over the 12
+    assert load_checkpoint(str(tmp_path / "sft" / "ckpt.pt"))["config"]["n_train"] == 12
+    s = rl.setup(rl.Config(sft_ckpt=scarce, out_dir=str(tmp_path / "grpo"), **TINY_RL))
+    assert s.data == train  # prompts need no labels
+
+
 def test_rft_trains_on_the_verified_correct_samples_only(sft_ckpt, tmp_path, varied_reward):
     _, rows = run(sft_ckpt, tmp_path, loss="rft", max_iters=3, eval_interval=3, prompts_per_step=8, group_size=8)
     train = [r for r in rows if "rl/loss" in r]

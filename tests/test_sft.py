@@ -187,3 +187,15 @@ def test_gpt2_config_offline_fails_in_one_line_naming_the_file(tmp_path):
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in r.stderr
     assert err[0].startswith("error: could not fetch https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/")
+
+
+def test_n_train_sees_only_its_labelled_problems_and_is_recorded(tmp_path, monkeypatch):
+    from data.tasks import labelled, load_split
+    seen = []
+    encode = sft.encode_split
+    monkeypatch.setattr(sft, "encode_split", lambda tok, problems, *a: seen.append(problems) or encode(tok, problems, *a))
+    sft.main(sft.Config(max_iters=2, out_dir=str(tmp_path), n_train=50, **TINY))
+    assert seen == [labelled(load_split("mul", "train"), 50)]
+    assert load_checkpoint(str(tmp_path / "ckpt.pt"))["config"]["n_train"] == 50
+    with pytest.raises(sft.UserError, match="n_train=99999 but the train split holds"):
+        sft.main(sft.Config(max_iters=2, out_dir=str(tmp_path), n_train=99999, **TINY))
