@@ -114,7 +114,7 @@ def numbers(r, pk):
 def mean_std(xs, fmt):
     """'m' for one value, 'm ± s' (sample std) for several; '—' for none."""
     xs = [x for x in xs if x is not None]
-    std = f" ± {fmt.format(stdev(xs))}" if len(xs) > 1 else ""
+    std = f" ± {fmt.replace('+', '').format(stdev(xs))}" if len(xs) > 1 else ""  # a spread has no sign
     return fmt.format(mean(xs)) + std if xs else "—"
 
 
@@ -157,7 +157,8 @@ def plot(runs, names, path):
 
 def main(cfg):
     steps, seeds, extra = parse(cfg)
-    task, = ckpt_settings(load_checkpoint(cfg.sft_ckpt), cfg.sft_ckpt, "task")
+    ckpt = load_checkpoint(cfg.sft_ckpt)
+    task, labels = ckpt_settings(ckpt, cfg.sft_ckpt, "task")[0], ckpt["config"].get("n_train") or "all"
     try:  # out_dir/runs exists and out_dir is writable, or one clear error before any run
         os.makedirs(os.path.join(cfg.out_dir, "runs"), exist_ok=True)
         tempfile.TemporaryFile(dir=cfg.out_dir).close()
@@ -179,6 +180,7 @@ def main(cfg):
     md = ["# Algorithm comparison", "", "    " + shlex.join(["python", "compare.py", *argv]), "",
           f"- steps: {cfg.max_iters} per run; baselines (budget {cfg.baseline_budget}): {base}",
           f"- held out: the {task} test split; KL, resp len, truncated: 4 samples of 256 prompts",
+          f"- labels: the SFT checkpoint's ({labels} train problems), the only ones continued SFT sees",
           "", *lines, "", "![curves](compare.png)" if drew else
           "no compare.png: matplotlib is not installed (pip install matplotlib)"]
     path = os.path.join(cfg.out_dir, "compare.md")
