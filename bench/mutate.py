@@ -37,7 +37,7 @@ MUTANTS = [  # (file, old, new, what it breaks)
      "masked_mean along dim divides by T, not the masked count"),
     (LP, "labels = torch.where(mask.bool(), labels, 0)", "labels = labels",
      "token_logps gathers padding ids"),
-    (LP, "z = logits.float() / temperature", "z = logits.float() * temperature",
+    (LP, "torch.float32)) / temperature", "torch.float32)) * temperature",
      "token_logps: temperature multiplies"),
     (LP, "- z.logsumexp(-1)", "- z.max(-1).values", "token_logps: unnormalised log-softmax"),
     (LP, "return -(p * torch.where(p > 0, logp, 0.0)).sum(-1)",
