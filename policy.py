@@ -56,7 +56,7 @@ def eval_kl(model, ref, tok, problems, reverse, cfg, gen, n=256):
     the same samples the mean response length (tokens incl. EOS) and the fraction truncated."""
     idx = torch.randperm(len(problems), generator=gen, device=gen.device)[:n].tolist()
     prompts = encode_prompts(tok, [problems[i][0] for i in idx], reverse)
-    k = max(1, cfg.micro_batch_size // 4)
+    k = max(1, cfg.sample_batch_size // 4)
     kl, lengths, finished = 0.0, [], []
     for i in range(0, len(prompts), k):  # k prompts x 4 samples at a time: memory
         out = generate(model, prompts[i:i + k], cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=4,
@@ -75,9 +75,10 @@ def eval_kl(model, ref, tok, problems, reverse, cfg, gen, n=256):
 def evaluate_policy(model, ref, tok, val, test, reverse, cfg, verifier, gen):
     """Greedy accuracy on test and val, pass@1 / pass@k on eval_samples samples, KL to the reference
     -> (metrics, a few examples)."""
+    kw = dict(verifier=verifier, batch_size=cfg.sample_batch_size)
     m, examples = evaluate(model, tok, test, reverse, cfg.max_new_tokens, n_samples=cfg.eval_samples,
-                           temperature=cfg.temperature, generator=gen, verifier=verifier)
-    m.update(evaluate(model, tok, val, reverse, cfg.max_new_tokens, prefix="val", verifier=verifier)[0])
+                           temperature=cfg.temperature, generator=gen, **kw)
+    m.update(evaluate(model, tok, val, reverse, cfg.max_new_tokens, prefix="val", **kw)[0])
     return {**m, **eval_kl(model, ref, tok, test, reverse, cfg, gen)}, examples
 
 

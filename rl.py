@@ -69,7 +69,8 @@ class Config:
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch
-    micro_batch_size: int = 64  # rows per forward and per sampler call: memory, not the math
+    micro_batch_size: int = 64  # rows per training forward/backward: memory, not the math
+    sample_batch_size: int = 64  # rows per sampler call: 256 is ~20% faster a step, +30 MiB
     # loss hyperparameters: None = the loss's default in losses.ALGOS
     beta: Optional[float] = None
     eps_low: Optional[float] = None
@@ -114,7 +115,7 @@ def check_config(cfg):
     check_bounds(cfg, ("lr grad_clip temperature", "> 0", lambda v: v > 0),
                  ("group_size", ">= 2", lambda v: v >= 2),
                  ("max_new_tokens prompts_per_step eval_interval ckpt_interval pairs_per_step "
-                  "ppo_epochs minibatches", ">= 1", lambda v: v >= 1),
+                  "ppo_epochs minibatches sample_batch_size", ">= 1", lambda v: v >= 1),
                  ("max_iters max_seconds warmup_iters weight_decay max_refills eval_samples "
                   "eps_low eps_high beta", ">= 0", lambda v: v is None or v >= 0))  # None: a default
     if (cfg.loss in ("cliff", "gapo") or family == "pref") and overlong_window(cfg) > 0:
@@ -172,7 +173,7 @@ def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None
     its score instead of correct), first_wrong (CLIFF's first wrong token, -1 if none), length and
     finished (ended with EOS)."""
     rows, G = gold_rows(tok, [problems[i] for i in idx], reverse), cfg.group_size  # [(prompt, gold ids)]
-    n = max(1, cfg.micro_batch_size // G)  # prompts per sampler call: memory
+    n = max(1, cfg.sample_batch_size // G)  # prompts per sampler call
     out = cat_rollouts([generate(model, [p for p, _ in rows[i:i + n]], cfg.max_new_tokens, tok.eos_id,
                                  tok.pad_id, G=G, temperature=cfg.temperature, generator=gen)
                         for i in range(0, len(rows), n)])

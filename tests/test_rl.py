@@ -402,3 +402,26 @@ def test_checkpoint_settings_have_one_source_of_truth(sft_ckpt, tmp_path):
     with pytest.raises(CheckpointError, match="rm.pt: its config lacks 'lik_coef'"):
         rl.main(rl.Config(loss="ppo", reward="rm", rm_ckpt=str(tmp_path / "rm.pt"), sft_ckpt=sft_ckpt,
                           out_dir=str(tmp_path / "rl")))
+
+
+def test_sampler_calls_hold_at_most_sample_batch_size_rows(sft_ckpt, monkeypatch):
+    """--sample_batch_size chunks the sampler (rollouts, evals, eval KL) apart from the training
+    micro-batches: no generate call holds more rows, and the rollout still has every row."""
+    from types import SimpleNamespace
+    from data.tasks import load_split
+    from model import seeded
+    from policy import evaluate_policy, load_policy
+    sizes, generate = [], rl.generate
+    monkeypatch.setattr(rl, "generate", lambda m, prompts, *a, G=1, **k: sizes.append(len(prompts) * G)
+                        or generate(m, prompts, *a, G=G, **k))
+    model, tok, task, reverse, _, _ = load_policy(SimpleNamespace(sft_ckpt=sft_ckpt, loss="grpo"), torch.device("cpu"))
+    cfg = rl.Config(group_size=4, sample_batch_size=8, eval_samples=2)
+    out = rl.rollout(model, tok, load_split(task, "train"), list(range(5)), cfg, seeded("cpu", 0), reverse)
+    assert sizes == [8, 8, 4] and out["ids"].size(0) == 20
+    import evaluate, policy
+    sizes.clear()
+    monkeypatch.setattr(evaluate, "generate", rl.generate)
+    monkeypatch.setattr(policy, "generate", rl.generate)
+    test = load_split(task, "test")[:10]
+    evaluate_policy(model, model, tok, test[:6], test, reverse, cfg, lambda *a, **k: 0.0, seeded("cpu", 1))
+    assert sizes and max(sizes) <= 8
