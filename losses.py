@@ -38,8 +38,8 @@ def response_logps(logits, input_ids, response_mask, temperature=1.0):
 
 
 def token_logps(logits, labels, mask, temperature=1.0):
-    """(B, T) log-probs of labels under the tempered fp32 softmax of shifted logits (B, T, V);
-    0 off the mask."""
+    """(B, T) log-probs of labels under the tempered softmax of shifted logits (B, T, V), in fp32
+    (float64 logits stay float64); 0 off the mask."""
     labels = torch.where(mask.bool(), labels, 0)                     # (B, T) valid at padding
     z = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature  # (B, T, V) fp32+
     logp = z.gather(-1, labels[..., None]).squeeze(-1) - z.logsumexp(-1)  # (B, T)

@@ -70,7 +70,7 @@ class Config:
     ppo_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch
     micro_batch_size: int = 64  # rows per training forward/backward: memory, not the math
-    sample_batch_size: int = 64  # rows per sampler call: 256 is ~20% faster a step, +30 MiB
+    sample_batch_size: int = 64  # rows per sampler call: speed against memory (bench/README.md)
     # loss hyperparameters: None = the loss's default in losses.ALGOS
     beta: Optional[float] = None
     eps_low: Optional[float] = None
