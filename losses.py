@@ -60,7 +60,8 @@ def group_advantages(rewards, kind="std", eps=1e-6):
     "std":  (R - mean_g) / (std_g + eps), population std (divide by G) (GRPO, Shao et al. 2024).
             TRL uses the sample std (divide by G-1) and eps 1e-4.
     "mean": R - mean_g (Dr. GRPO, Liu et al. 2025).
-    "rloo": R_i - mean_{j != i} R_j = G/(G-1) * (R_i - mean_g) (RLOO, Ahmadian et al. 2024)."""
+    "rloo": R_i - mean_{j != i} R_j = G/(G-1) * (R_i - mean_g) (RLOO, Ahmadian et al. 2024).
+    "maxrl": (R - mean_g) / mean_g, 0 where mean_g <= 0: a prompt weighted by 1/p (MaxRL, 2026)."""
     rewards = rewards if rewards.is_floating_point() else rewards.float()
     G = rewards.shape[-1]
     centred = rewards - rewards.mean(-1, keepdim=True)               # (P, G)
@@ -72,8 +73,11 @@ def group_advantages(rewards, kind="std", eps=1e-6):
         if G < 2:
             raise ValueError("rloo advantages need a group size of at least 2")
         adv = centred * G / (G - 1)
+    elif kind == "maxrl":
+        mean = rewards.mean(-1, keepdim=True)                        # (P, 1) the pass rate p
+        adv = torch.where(mean > 0, centred / torch.where(mean > 0, mean, 1.0), 0.0)
     else:
-        raise ValueError(f"unknown advantage kind {kind!r}; valid: 'std', 'mean', 'rloo'")
+        raise ValueError(f"unknown advantage kind {kind!r}; valid: 'std', 'mean', 'rloo', 'maxrl'")
     same = (rewards == rewards[..., :1]).all(-1, keepdim=True)       # (P, 1) no signal, no NaN
     return torch.where(same, 0.0, adv)
 
@@ -341,6 +345,41 @@ def pnpo(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, *
     obj = torch.where(low | high, 0.0, w * adv * logp) - kl          # (B, T)
     return -masked_mean(obj, m, dim=1).sum() / (n_seqs or m.shape[0]), _stats(ratio, m, low, high)
 
+def gmpo(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, **hp):
+    """GMPO (Zhao et al. 2025, arXiv 2507.20673): the geometric mean of the token ratios, clipped per
+    token in log space (verl's geo_mean): l_t = clamp(d_t, -eps_low, eps_high), min(d_t, l_t) where
+    A > 0, max(d_t, l_t) where A <= 0; w_i = exp(sum_t m*l_t / |y_i|); objective w_i*A_i - beta *
+    mean_t KL, summed and divided by n_seqs. eps 0.4 / 0.4 (ratios e^-0.4 .. e^0.4)."""
+    if adv.dim() != 1:
+        raise ValueError("gmpo needs a per-sequence advantage of shape (B,)")
+    m, logp, old_logp, ratio, A, kl = _prep(logp, old_logp, adv, mask, ref_logp, hp)
+    d = logp - old_logp                                              # (B, T)
+    lim = d.clamp(-hp["eps_low"], hp["eps_high"])
+    ell = torch.where(A > 0, torch.minimum(d, lim), torch.maximum(d, lim))  # (B, T)
+    obj = torch.exp(masked_mean(ell, m, dim=1)) * adv.detach() - masked_mean(kl, m, dim=1)  # (B,)
+    low, high = (A <= 0) & (d < -hp["eps_low"]), (A > 0) & (d > hp["eps_high"])  # gradient cut
+    return -obj.sum() / (n_seqs or m.shape[0]), _stats(ratio, m, low, high)
+
+
+def dppo(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, **hp):
+    """DPPO trust-region masking (Qi et al. 2026, arXiv 2602.04879; verl dppo_tv): a token counts
+    where A > 0 and p - p_old <= delta, or A <= 0 and p - p_old >= -delta (p = exp(logp): the change
+    in probability, not in ratio); objective sg(min(r, is_cap))*A*logp on the counted tokens - beta*KL,
+    token sum divided by n_tokens (every valid token, counted or not)."""
+    m, logp, old_logp, ratio, adv, kl = _prep(logp, old_logp, adv, mask, ref_logp, hp)
+    dp = (logp.exp() - old_logp.exp()).detach()                     # (B, T)
+    low, high = (adv <= 0) & (dp < -hp["delta"]), (adv > 0) & (dp > hp["delta"])  # masked out
+    obj = torch.where(low | high, 0.0, ratio.clamp(max=hp["is_cap"]).detach() * adv * logp) - kl
+    return -masked_sum(obj, m) / (n_tokens or m.sum().clamp_min(1)), _stats(ratio, m, low, high)
+
+
+def maxrl(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, **hp):
+    """MaxRL (Tajwar et al. 2026, arXiv 2602.02710): REINFORCE, on-policy, on the advantage
+    (R - mean_g) / mean_g (group_advantages "maxrl"): each sequence's token mean of A*logp, summed
+    and divided by n_seqs."""
+    m, logp, _, ratio, adv, _ = _prep(logp, old_logp, adv, mask)
+    return -masked_mean(adv * logp, m, dim=1).sum() / (n_seqs or m.shape[0]), _stats(ratio, m)
+
 # ---------------------------------------------------------------------- preference, supervised
 # Inputs: (B,) sequence sums of response log-probs, the policy's (with grad) and the reference's.
 
@@ -426,6 +465,9 @@ ALGOS = {
     "gapo": Algo(gapo, "pg", "mean", 0, dict(_CLIP, eps_low=0.003, eps_high=0.005)),  # eps_high_max
     "pnpo": Algo(pnpo, "pg", "std", 0, dict(_KL, eps_low=7e-4, eps_high=9.5e-4)),
     "cliff": Algo(cliff, "pg", "cliff", 0, dict(_CLIP, beta=0.04)),
+    "gmpo": Algo(gmpo, "pg", "std", 0, dict(_KL, eps_low=0.4, eps_high=0.4)),
+    "dppo": Algo(dppo, "pg", "std", 0, dict(_KL, delta=0.2, is_cap=20.0)),
+    "maxrl": Algo(maxrl, "pg", "maxrl", 0, {}),  # binary rewards: A is relative to the pass rate
     "dpo": Algo(dpo_loss, "pref", None, 0, dict(_RPO, kind="sigmoid", label_smoothing=0.0)),
     "ipo": Algo(dpo_loss, "pref", None, 0, dict(_RPO, beta=0.5, kind="ipo")),  # 1-nat margin
     "kto": Algo(kto_loss, "pref", None, 0, dict(_RPO, lambda_d=1.0, lambda_u=1.0)),

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from losses import (BASELINES, DEFAULTS, LOSSES, PREF_LOSSES, adaptive_beta, bt_loss, clip_objective,
+from losses import (ALGOS, BASELINES, DEFAULTS, LOSSES, PREF_LOSSES, adaptive_beta, bt_loss, clip_objective,
                     cliff_advantages, explained_variance, gae, gapo_eps_high, group_advantages, kl_estimate,
                     kl_in_reward, masked_mean, masked_sum, nll_loss, prefix_prob, resolve_hparams,
                     response_logps, sequence_ratio, token_entropy, whiten)
@@ -202,6 +202,10 @@ def test_cliff_advantages_refuse_non_binary_and_zero_all_equal():
     ("std", [1, 1, 1, 1], [0, 0, 0, 0]),
     ("mean", [1, 0, 0, 1], [0.5, -0.5, -0.5, 0.5]),
     ("rloo", [1, 0, 0, 1], [0.667, -0.667, -0.667, 0.667]),
+    ("maxrl", [1, 0, 0, 1], [1, -1, -1, 1]),  # (R - p) / p, p = 0.5
+    ("maxrl", [1, 0, 0, 0], [3, -1, -1, -1]),  # p = 0.25: the hard prompt's right answer counts 3x
+    ("maxrl", [0.5, -0.5, 0.5, -0.5], [0, 0, 0, 0]),  # mean <= 0: no advantage
+    ("maxrl", [2, 0, 1, 1], [1, -1, 0, 0]),
 ])
 def test_group_advantages(kind, rewards, expected):
     adv = group_advantages(torch.tensor([rewards], dtype=torch.float32), kind)
@@ -209,10 +213,10 @@ def test_group_advantages(kind, rewards, expected):
 
 
 def test_group_advantages_all_equal_exactly_zero_and_unknown_kind():
-    for kind in ("std", "mean", "rloo"):
+    for kind in ("std", "mean", "rloo", "maxrl"):
         adv = group_advantages(torch.tensor([[0.1, 0.1, 0.1], [0.7, 0.7, 0.7]]), kind)
         assert torch.equal(adv, torch.zeros(2, 3))
-    with pytest.raises(ValueError, match="std.*mean.*rloo"):
+    with pytest.raises(ValueError, match="std.*mean.*rloo.*maxrl"):
         group_advantages(torch.zeros(1, 4), "median")
 
 
@@ -314,7 +318,7 @@ def _batch(B=6, T=5, seed=0, per_token=False):
 
 def _hp(name):
     """An in-loss KL term for every loss that has one (reinforce/rloo put KL into the reward)."""
-    return {} if name in ("reinforce", "rloo") else dict(beta=0.1)
+    return {} if name in ("reinforce", "rloo") or "beta" not in DEFAULTS[name] else dict(beta=0.1)
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
@@ -338,7 +342,7 @@ def test_micro_batches_with_global_counts_equal_the_full_batch(name):
 MICRO_NORMS = [  # (loss, per-sequence token mean first?, global count it divides by: n_tokens 10, n_seqs 4)
     ("reinforce", False, 4), ("rloo", False, 4), ("grpo", True, 4), ("cliff", True, 4), ("sapo", True, 4),
     ("pnpo", True, 4), ("gspo", True, 4), ("gapo", True, 4), ("dr_grpo", False, 4 * 4), ("dapo", False, 10),
-    ("cispo", False, 10), ("ppo", False, 10),
+    ("cispo", False, 10), ("ppo", False, 10), ("gmpo", True, 4), ("dppo", False, 10), ("maxrl", True, 4),
 ]
 
 
@@ -355,7 +359,7 @@ def test_micro_batch_divides_by_the_global_count(name, per_seq, count):
     extra = {"ppo": dict(values=zeros, old_values=zeros, returns=zeros), "dr_grpo": dict(max_new_tokens=4),
              "gapo": dict(group_correct=[1, 2], group_size=4)}.get(name, {})
     a = adv[:, None].expand(2, 4).clone() if name == "cliff" else adv
-    hp = {} if name in ("reinforce", "rloo") else dict(beta=0.0)
+    hp = dict(beta=0.0) if "beta" in DEFAULTS[name] else {}
     loss, _ = call_loss(name, logp, logp.detach(), a, mask, n_tokens=10, n_seqs=4, **hp, **extra)
     loss.backward()
     lengths = torch.tensor([[3.0], [1.0]]) if per_seq else torch.ones(2, 1)
@@ -384,11 +388,13 @@ def test_all_equal_groups_give_zero_advantage_and_zero_gradient(name):
     if name == "cliff":
         adv = cliff_advantages(rewards, torch.full((2, 4), 1), mask.view(2, 4, T)).view(B, T)
     else:
-        adv = group_advantages(rewards, "rloo" if name == "rloo" else "std").view(B)
+        kind = ALGOS[name].advantage
+        adv = group_advantages(rewards, kind if kind in ("rloo", "maxrl") else "std").view(B)
     assert torch.equal(adv, torch.zeros_like(adv))
     extra = dict(group_correct=[4] * 4 + [0] * 4, group_size=4) if name == "gapo" else _extra(name, B, T)
     logp.requires_grad_(True)
-    loss, _ = call_loss(name, logp, old, adv, mask, beta=0.0, **extra)
+    loss, _ = call_loss(name, logp, old, adv, mask, **({"beta": 0.0} if "beta" in DEFAULTS[name] else {}),
+                        **extra)
     loss.backward()
     assert loss.item() == 0 and torch.equal(logp.grad, torch.zeros(B, T))
 
@@ -751,3 +757,49 @@ def test_old_logp_ref_logp_and_advantages_are_constants(name):
     loss.backward()
     assert old.grad is None and ref.grad is None and adv.grad is None
     assert (logp.grad != 0).any()
+
+
+# ----------------------------------------------------------------------------- gmpo, dppo, maxrl by hand
+# The reference batch: d = logp - old = [[0.1, -0.1, 0.1], [0.2, -0.2, pad]], A = [1, -1].
+
+@pytest.mark.parametrize("hp,loss,grad,low,high", [
+    # no token clipped: w = exp(mean d) = [exp(1/30), exp(0)]; loss = -(1.0338951 - 1) / 2
+    (dict(), -0.0169475, [[-0.1723159] * 3, [0.25, 0.25, 0]], 0, 0),
+    # eps_high 0.05 cuts row 0's two +0.1 tokens (A > 0): l = [0.05, -0.1, 0.05], w0 = exp(0) = 1;
+    # eps_low 0.15 cuts row 1's -0.2 (A <= 0 takes max(d, -0.15)): w1 = exp((0.2 - 0.15) / 2)
+    (dict(eps_low=0.15, eps_high=0.05), 0.0126576, [[0, -1 / 6, 0], [0.2563288, 0, 0]], 0.2, 0.4),
+])
+def test_gmpo_by_hand(hp, loss, grad, low, high):
+    logp = torch.tensor(LOGP, requires_grad=True)
+    out, stats = call_loss("gmpo", logp, OLD, ADV, MASK, **hp)
+    out.backward()
+    assert out.item() == pytest.approx(loss, abs=1e-6)
+    torch.testing.assert_close(logp.grad, torch.tensor(grad), atol=1e-6, rtol=0)
+    assert float(stats["clipfrac_low"]) == pytest.approx(low) and float(stats["clipfrac_high"]) == pytest.approx(high)
+    with pytest.raises(ValueError, match="per-sequence"):
+        call_loss("gmpo", logp, OLD, ADV[:, None].expand(2, 3), MASK)
+
+
+@pytest.mark.parametrize("hp,loss,grad", [
+    # p - p_old = [[0.0350, -0.0638, 0.0129], [0.1343, -0.0667]]: delta 0.2 counts every token;
+    # loss = -sum r*A*logp / 5 with r = exp(d), the gradient -r*A/5: CISPO's at these ratios
+    (dict(), 0.4838068, DAPO_GRAD),
+    # delta 0.05 drops row 1's second token (A <= 0, p fell by 0.0667); is_cap 1.1 caps r = 1.105, 1.221
+    (dict(delta=0.05, is_cap=1.1), 0.6844837, [[-0.22, -0.1809675, -0.22], [0.22, 0, 0]]),
+])
+def test_dppo_by_hand(hp, loss, grad):
+    logp = torch.tensor(LOGP, requires_grad=True)
+    out, stats = call_loss("dppo", logp, OLD, ADV, MASK, **hp)
+    out.backward()
+    assert out.item() == pytest.approx(loss, abs=1e-6)
+    torch.testing.assert_close(logp.grad, torch.tensor(grad), atol=1e-6, rtol=0)
+    assert float(stats["clipfrac_low"]) == pytest.approx(0.2 if hp else 0.0)
+
+
+def test_maxrl_by_hand():
+    # per-sequence token means of A*logp: -7/6 and +0.75; loss = -(-7/6 + 0.75) / 2
+    logp = torch.tensor(LOGP, requires_grad=True)
+    out, _ = call_loss("maxrl", logp, OLD, ADV, MASK)
+    out.backward()
+    assert out.item() == pytest.approx(0.2083333, abs=1e-6)
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1 / 6] * 3, [0.25, 0.25, 0]]), atol=1e-7, rtol=0)

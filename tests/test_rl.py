@@ -55,7 +55,7 @@ def test_every_loss_runs_and_logs(sft_ckpt, tmp_path, loss, varied_reward):
         for k in LOGGED_KEYS:
             assert k in r and torch.isfinite(torch.tensor(float(r[k]))), (loss, k)
         assert r["rl/logp_mismatch"] <= 1e-5  # failure mode 2: the first ratio is exactly 1
-    assert ("rl/kl" in train[0]) == bool(L.DEFAULTS[loss]["beta"])  # reference runs only for a KL term
+    assert ("rl/kl" in train[0]) == bool(L.DEFAULTS[loss].get("beta"))  # reference runs only for a KL term
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 2
 
 
