@@ -426,6 +426,33 @@ def kto_loss(pi_logp, ref_logp, desirable, pi_mismatch, ref_mismatch, beta=0.1, 
     return per.mean(), stats
 
 
+def simpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, beta=2.0, gamma_beta_ratio=0.25):
+    """SimPO (Meng et al. 2024, arXiv 2405.14734), reference-free: with the mean response-token
+    log-probs a = pi / |y| (EOS included), the mean over pairs of
+        -log sigmoid(beta * (a_c - a_r) - gamma),  gamma = gamma_beta_ratio * beta (the authors' code)."""
+    a_c, a_r = pi_chosen / chosen_len, pi_rejected / rejected_len           # (B,) each
+    m = beta * (a_c - a_r)                                                  # (B,)
+    stats = {"chosen_reward": (beta * a_c).mean().detach(), "rejected_reward": (beta * a_r).mean().detach(),
+             "margin": m.mean().detach(), "pair_accuracy": (m > 0).float().mean()}
+    return -F.logsigmoid(m - gamma_beta_ratio * beta).mean(), stats
+
+
+def orpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, lam=0.1):
+    """ORPO (Hong et al. 2024, arXiv 2403.07691), reference-free: with a = pi / |y| (the mean
+    response-token log-prob, EOS included), log odds(y) = a - log(1 - exp(a)), the mean over pairs of
+        -a_c - lam * log sigmoid(log odds_c - log odds_r).
+    The NLL covers the chosen response's tokens only (TRL's also counts the prompt's)."""
+    a_c, a_r = pi_chosen / chosen_len, pi_rejected / rejected_len           # (B,) each, <= 0
+
+    def log1mexp(a):  # log(1 - exp(a)), accurate on both sides of -log 2; a -> 0 would be -inf
+        a = a.clamp(max=-1e-6)
+        return torch.where(a > -0.6931, torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))
+    log_odds = (a_c - a_r) - (log1mexp(a_c) - log1mexp(a_r))               # (B,)
+    stats = {"chosen_reward": a_c.mean().detach(), "rejected_reward": a_r.mean().detach(),
+             "margin": log_odds.mean().detach(), "pair_accuracy": (log_odds > 0).float().mean()}
+    return (-a_c - lam * F.logsigmoid(log_odds)).mean(), stats
+
+
 def bt_loss(s_chosen, s_rejected):
     """Bradley-Terry reward-model loss -log sigmoid(s_chosen - s_rejected), mean over pairs (B,)."""
     d = s_chosen - s_rejected                                               # (B,)
@@ -471,6 +498,8 @@ ALGOS = {
     "dpo": Algo(dpo_loss, "pref", None, 0, dict(_RPO, kind="sigmoid", label_smoothing=0.0)),
     "ipo": Algo(dpo_loss, "pref", None, 0, dict(_RPO, beta=0.5, kind="ipo")),  # 1-nat margin
     "kto": Algo(kto_loss, "pref", None, 0, dict(_RPO, lambda_d=1.0, lambda_u=1.0)),
+    "simpo": Algo(simpo_loss, "pref", None, 0, dict(beta=2.0, gamma_beta_ratio=0.25)),  # no reference
+    "orpo": Algo(orpo_loss, "pref", None, 0, dict(lam=0.1)),  # no reference
     "sft": Algo(nll_loss, "sft", None, 0, {}),  # on gold answers
     "rft": Algo(nll_loss, "sft", None, 0, {}),  # on the policy's verified samples
 }

@@ -83,7 +83,8 @@ class Config:
     kl_target: Optional[float] = None  # ppo: adaptive KL controller target; None = fixed beta
     vf_lr_mult: Optional[float] = None  # ppo: the value head's lr = lr * vf_lr_mult
     gamma: Optional[float] = None  # ppo: GAE discount
-    lam: Optional[float] = None  # ppo: GAE lambda
+    lam: Optional[float] = None  # ppo: GAE lambda; orpo: weight of the odds-ratio term
+    gamma_beta_ratio: Optional[float] = None  # simpo: target margin gamma / beta
     label_smoothing: Optional[float] = None  # dpo (conservative DPO)
     rpo_alpha: Optional[float] = None  # dpo/ipo/kto: weight of the chosen answers' NLL (RPO)
     lambda_d: Optional[float] = None  # kto: weight of desirable answers

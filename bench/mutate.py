@@ -217,6 +217,17 @@ MUTANTS = [  # (file, old, new, what it breaks)
      "adv = torch.where(mean > 0, centred, 0.0)", "maxrl advantage: not divided by the pass rate"),
     (LP, "adv = torch.where(mean > 0, centred / torch.where(mean > 0, mean, 1.0), 0.0)",
      "adv = centred / torch.where(mean > 0, mean, 1.0)", "maxrl advantage: mean <= 0 not zeroed"),
+    # simpo, orpo
+    (LP, "return -F.logsigmoid(m - gamma_beta_ratio * beta).mean(), stats",
+     "return -F.logsigmoid(m + gamma_beta_ratio * beta).mean(), stats", "simpo: target margin added"),
+    (LP, "a_c, a_r = pi_chosen / chosen_len, pi_rejected / rejected_len           # (B,) each\n",
+     "a_c, a_r = pi_chosen, pi_rejected\n", "simpo: sequence sums, not length-normalised"),
+    (LP, "return (-a_c - lam * F.logsigmoid(log_odds)).mean(), stats",
+     "return (a_c - lam * F.logsigmoid(log_odds)).mean(), stats", "orpo: NLL sign"),
+    (LP, "log_odds = (a_c - a_r) - (log1mexp(a_c) - log1mexp(a_r))", "log_odds = a_c - a_r",
+     "orpo: log-probability ratio, not log-odds ratio"),
+    (LP, "return (-a_c - lam * F.logsigmoid(log_odds)).mean(), stats",
+     "return (-a_c - F.logsigmoid(log_odds)).mean(), stats", "orpo: lambda ignored"),
     # preference losses, baselines
     (LP, "- label_smoothing * F.logsigmoid(-beta * m)", "+ label_smoothing * F.logsigmoid(-beta * m)",
      "dpo: label smoothing sign"),

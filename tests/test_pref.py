@@ -223,3 +223,47 @@ def test_kto_rpo_adds_the_desirable_per_token_nll_only():
     rpo, _ = L.kto_loss(*args, beta=1.0, rpo_alpha=0.5, length=torch.tensor([2.0, 4.0]))
     nll = (-math.log(.5) / 2 + 0.0) / 2  # mean over answers; the undesirable one adds no NLL
     assert rpo.item() == pytest.approx(base.item() + 0.5 * nll, abs=1e-6)
+
+
+# a = pi / |y|: chosen [-2/2, -3/3] = [-1, -1], rejected [-4/4, -2/1] = [-1, -2]
+PI_C, PI_R = torch.tensor([-2.0, -3.0]), torch.tensor([-4.0, -2.0])
+LEN_C, LEN_R = torch.tensor([2.0, 3.0]), torch.tensor([4.0, 1.0])
+
+
+@pytest.mark.parametrize("name,hp,loss,grad_c,grad_r,margin", [
+    # beta 2, gamma 0.5: logits 2 * [0, 1] - 0.5; the mean of -log sigmoid(-0.5) and -log sigmoid(1.5);
+    # d/d pi_c = -sigmoid(-logit) * beta / |y_c| / 2
+    ("simpo", {}, 0.5877451, [-0.3112297, -0.0608085], [0.1556148, 0.1824255], 1.0),
+    # log odds_c - log odds_r = [0, 1 - (log(1 - e^-1) - log(1 - e^-2))] = [0, 1.3132617];
+    # -a_c - 0.1 * log sigmoid of it; d/d a_c = -1 - lam * sigmoid(-lo) / (1 - e^a_c)
+    ("orpo", {}, 1.0465665, [-0.2697747, -0.1722548], [0.0098874, 0.0122557], 0.6566308),
+])
+def test_reference_free_losses_by_hand(name, hp, loss, grad_c, grad_r, margin):
+    pc, pr = PI_C.clone().requires_grad_(True), PI_R.clone().requires_grad_(True)
+    out, stats = L.ALGOS[name].fn(pc, pr, LEN_C, LEN_R, **{**L.DEFAULTS[name], **hp})
+    out.backward()
+    assert out.item() == pytest.approx(loss, abs=1e-6)
+    torch.testing.assert_close(pc.grad, torch.tensor(grad_c), atol=1e-6, rtol=0)
+    torch.testing.assert_close(pr.grad, torch.tensor(grad_r), atol=1e-6, rtol=0)
+    assert float(stats["margin"]) == pytest.approx(margin, abs=1e-6) and float(stats["pair_accuracy"]) == 0.5
+
+
+def test_orpo_is_finite_where_an_answer_is_certain():
+    # a = 0 (every token certain) would make log(1 - e^a) = -inf
+    pc = torch.tensor([0.0, -1e-9], requires_grad=True)
+    out, _ = L.orpo_loss(pc, torch.tensor([-3.0, -0.5]), torch.ones(2), torch.ones(2), lam=1.0)
+    out.backward()
+    assert torch.isfinite(out) and torch.isfinite(pc.grad).all()
+
+
+@pytest.mark.parametrize("loss, pairs", [("simpo", "offline"), ("orpo", "online")])
+def test_reference_free_losses_run_without_a_reference(sft_ckpt, tmp_path, monkeypatch, loss, pairs):  # noqa: F811
+    monkeypatch.setattr(rl, "exact_answer", lambda text, gold, reverse=False: float(text[:1] == "1"))
+    calls = []
+    seq_logps = rl.pref.seq_logps
+    monkeypatch.setattr(rl.pref, "seq_logps", lambda m, *a: calls.append(m) or seq_logps(m, *a))
+    res, rows = run(sft_ckpt, tmp_path, loss=loss, pairs=pairs, pairs_per_step=4, group_size=16)
+    train = [r for r in rows if "rl/loss" in r]
+    assert len(train) == 2 and all(math.isfinite(r["rl/loss"]) for r in train)
+    assert all(k in train[-1] for k in ("rl/chosen_reward", "rl/margin", "rl/pair_accuracy"))
+    assert "rl/log_ratio" not in train[-1] and res["ref"] not in calls  # no reference forward
