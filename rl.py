@@ -111,7 +111,8 @@ def check_config(cfg):
     if cfg.reward not in ("verifier", "rm") or cfg.pairs not in ("offline", "online"):
         raise UserError(f"reward must be 'verifier' or 'rm' and pairs must be 'offline' or 'online', "
                         f"got {cfg.reward!r}, {cfg.pairs!r}")
-    if cfg.reward == "rm" and (family != "pg" or cfg.loss in ("cliff", "gapo", "maxrl")):
+    binary = cfg.loss in ("cliff", "gapo", "maxrl")  # their advantages assume 0/1 rewards
+    if cfg.reward == "rm" and (family != "pg" or binary):
         raise UserError(f"--reward=rm gives real-valued rewards; {cfg.loss} needs the binary verifier")
     check_bounds(cfg, ("lr grad_clip temperature", "> 0", lambda v: v > 0),
                  ("group_size", ">= 2", lambda v: v >= 2),
@@ -119,7 +120,7 @@ def check_config(cfg):
                   "ppo_epochs minibatches sample_batch_size", ">= 1", lambda v: v >= 1),
                  ("max_iters max_seconds warmup_iters weight_decay max_refills eval_samples "
                   "eps_low eps_high beta", ">= 0", lambda v: v is None or v >= 0))  # None: a default
-    if (cfg.loss in ("cliff", "gapo", "maxrl") or family == "pref") and overlong_window(cfg) > 0:
+    if (binary or family == "pref") and overlong_window(cfg) > 0:
         raise UserError(f"{cfg.loss} needs binary rewards: overlong shaping must be off "
                         "(--overlong_window=0)")
     if cfg.clip_c is not None and cfg.clip_c <= 1:  # c < 1 would raise PPO's objective for A < 0

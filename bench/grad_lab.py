@@ -92,10 +92,13 @@ def directions(model, ref, batch, specs, cfg, G):
     mask = batch["response_mask"][:, P:].float()  # (N, L)
     lp, _, values = rl.policy_logps(model, batch["ids"], batch["offsets"], batch["response_mask"], P, T,
                                     True, G)  # (N, L) each, with grad
-    ref_logp = rl.frozen_logps(ref, batch, T, G, 256)[0] if any(s[2].get("beta") for s in specs) else None
+    ref_logp = None
+    if any(s[2].get("beta") for s in specs):  # theta = ref: the policy's own log-probs, no forward
+        ref_logp = lp.detach() if ref is model else rl.frozen_logps(ref, batch, T, G, 256)[0]
+    old_values = torch.where(mask.bool(), values.detach(), 0.0)  # (N, L) PPO's V_old
     out, reward = {}, {}
     for name, loss, hp, _ in specs:
-        b = dict(batch, values=torch.where(mask.bool(), values.detach(), 0.0))
+        b = dict(batch, values=old_values)
         window = L.ALGOS[loss].overlong  # DAPO's overlong shaping joins its reward
         if window:
             pen = [overlong_penalty(int(n), cfg.max_new_tokens, window) for n in batch["length"]]
@@ -156,8 +159,9 @@ def measure(model, ref, tok, problems, reverse, cfg, specs, G, grad_j):
     for name, dyn in ((s[0], s[3]) for s in specs):
         out[name] = {**{s: with_se(*v) for s, v in jk[name].items()}, "K": len(vecs[name]),
                      "reward": sum(rewards[name]) / len(rewards[name])}
-        base = jk.get("reinforce" if dyn else "reinforce, no dyn")
-        if base is not None and len(vecs[name]) == len(vecs["reinforce" if dyn else "reinforce, no dyn"]):
+        base_name = "reinforce" if dyn else "reinforce, no dyn"
+        base = jk.get(base_name)
+        if base is not None and len(vecs[name]) == len(vecs[base_name]):
             out[name].update({"d_" + s: with_se(v - base[s][0], d - base[s][1])
                               for s, (v, d) in jk[name].items()})
     return out
