@@ -380,6 +380,65 @@ def maxrl(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, 
     m, logp, _, ratio, adv, _ = _prep(logp, old_logp, adv, mask)
     return -masked_mean(adv * logp, m, dim=1).sum() / (n_seqs or m.shape[0]), _stats(ratio, m)
 
+
+def reinforce_pp(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, **hp):
+    """REINFORCE++ (Hu et al. 2025, arXiv 2501.03262; OpenRLHF, verl): no critic; PPO-clip (eps 0.2)
+    on (B, T) advantages, the return-to-go (gamma 1) of the token rewards R - beta*k1(old, ref),
+    whitened over the batch's tokens (advantage "rpp"; "rpp_baseline" subtracts R's group mean
+    first). Its beta lives in the reward, not here; token sum divided by n_tokens."""
+    m, logp, _, ratio, adv, _ = _prep(logp, old_logp, adv, mask)
+    obj, low, high = clip_objective(ratio, adv, hp["eps_low"], hp["eps_high"])
+    return -masked_sum(obj, m) / (n_tokens or m.sum().clamp_min(1)), _stats(ratio, m, low, high)
+
+
+reinforce_pp_baseline = reinforce_pp  # REINFORCE++-baseline: the same loss, R - mean_g R in the reward
+
+
+def remax(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, **hp):
+    """ReMax (Li et al. 2023, arXiv 2310.10505): REINFORCE, on-policy, with A_i = R_i - R(greedy_i),
+    the reward of the prompt's greedy response, sampled in the same step (rl.py); token sum of
+    A*logp divided by n_tokens. Its beta lives in the reward."""
+    m, logp, _, ratio, adv, _ = _prep(logp, old_logp, adv, mask)
+    return -masked_sum(adv * logp, m) / (n_tokens or m.sum().clamp_min(1)), _stats(ratio, m)
+
+
+@torch.no_grad()
+def cov_select(logp, old_logp, adv, mask, generator=None, *, kind, **hp):
+    """(B, T) bool: the tokens Clip-Cov / KL-Cov (Cui et al. 2025) single out, over one minibatch.
+    cov_t = (A_t - mean A)(logp_t - mean logp), means over the valid tokens; n = max(floor(cov_ratio *
+    n_valid), 1). kind "clip_cov": n tokens drawn uniformly (generator) among the valid ones the
+    PPO clip (eps_low / eps_high) leaves alone with cov_lb < cov < cov_ub; "kl_cov": the top n by cov."""
+    m, logp, old_logp, ratio, adv, _ = _prep(logp, old_logp, adv, mask)
+    cov = (adv - masked_mean(adv, m)) * (logp - masked_mean(logp, m))  # (B, T)
+    n = max(int(hp["cov_ratio"] * int(m.sum())), 1)
+    if kind == "kl_cov":
+        top = torch.where(m, cov, -torch.inf).flatten().topk(min(n, int(m.sum()))).indices
+    else:
+        _, low, high = clip_objective(ratio, adv, hp["eps_low"], hp["eps_high"])
+        ok = (m & ~low & ~high & (cov > hp["cov_lb"]) & (cov < hp["cov_ub"])).flatten().nonzero()[:, 0]
+        top = ok[torch.randperm(len(ok), generator=generator, device=ok.device)[:n]]
+    return torch.zeros(m.numel(), dtype=torch.bool, device=m.device).index_fill_(0, top, True).view(m.shape)
+
+
+def clip_cov(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, *, cov_mask, **hp):
+    """Clip-Cov (Cui et al. 2025, arXiv 2505.22617; verl): PPO-clip per token (eps 0.2, no dual clip),
+    except that the tokens of cov_mask (cov_select: a few random high-covariance ones) lose their
+    loss and gradient; token sum divided by n_tokens (every valid token)."""
+    obj, m, stats = _clipped_tokens(logp, old_logp, adv, mask, ref_logp, hp)
+    obj = torch.where(cov_mask.bool(), 0.0, obj)                    # (B, T)
+    stats["cov_frac"] = masked_mean(cov_mask.float(), m)
+    return -masked_sum(obj, m) / (n_tokens or m.sum().clamp_min(1)), stats
+
+
+def kl_cov(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, *, cov_mask, **hp):
+    """KL-Cov (Cui et al. 2025, arXiv 2505.22617; verl): no clip; per token r*A, minus
+    cov_kl_coef * |logp - old_logp| on the tokens of cov_mask (cov_select: the top-covariance ones);
+    token sum divided by n_tokens."""
+    m, logp, old_logp, ratio, adv, kl = _prep(logp, old_logp, adv, mask, ref_logp, hp)
+    pen = torch.where(cov_mask.bool(), hp["cov_kl_coef"] * (logp - old_logp).abs(), 0.0)  # (B, T)
+    stats = dict(_stats(ratio, m), cov_frac=masked_mean(cov_mask.float(), m))
+    return -masked_sum(ratio * adv - pen - kl, m) / (n_tokens or m.sum().clamp_min(1)), stats
+
 # ---------------------------------------------------------------------- preference, supervised
 # Inputs: (B,) sequence sums of response log-probs, the policy's (with grad) and the reference's.
 
@@ -426,15 +485,17 @@ def kto_loss(pi_logp, ref_logp, desirable, pi_mismatch, ref_mismatch, beta=0.1, 
     return per.mean(), stats
 
 
-def simpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, beta=2.0, gamma_beta_ratio=0.25):
+def simpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, beta=2.0, gamma_beta_ratio=0.25,
+               rpo_alpha=0.0):
     """SimPO (Meng et al. 2024, arXiv 2405.14734), reference-free: with the mean response-token
     log-probs a = pi / |y| (EOS included), the mean over pairs of
-        -log sigmoid(beta * (a_c - a_r) - gamma),  gamma = gamma_beta_ratio * beta (the authors' code)."""
+        -log sigmoid(beta * (a_c - a_r) - gamma) - rpo_alpha * a_c,  gamma = gamma_beta_ratio * beta;
+    rpo_alpha > 0 adds the chosen answers' NLL (the authors' code calls it sft_weight, CPO-SimPO)."""
     a_c, a_r = pi_chosen / chosen_len, pi_rejected / rejected_len           # (B,) each
     m = beta * (a_c - a_r)                                                  # (B,)
     stats = {"chosen_reward": (beta * a_c).mean().detach(), "rejected_reward": (beta * a_r).mean().detach(),
              "margin": m.mean().detach(), "pair_accuracy": (m > 0).float().mean()}
-    return -F.logsigmoid(m - gamma_beta_ratio * beta).mean(), stats
+    return (-F.logsigmoid(m - gamma_beta_ratio * beta) - rpo_alpha * a_c).mean(), stats
 
 
 def orpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, lam=0.1):
@@ -470,8 +531,9 @@ def nll_loss(logp, mask, n_tokens=None):
 # ---------------------------------------------------------------------- the table of algorithms
 # --loss=NAME -> function; family ("pg": policy gradient on rollouts, "pref": preference pairs,
 # "sft": supervised baseline); the advantage rl.py gives it (a group_advantages kind, "cliff",
-# "gae"); DAPO's overlong shaping window in tokens (0 = off); hyperparameters at the papers' values
-# (None: off, or set by rl.py), except rpo_alpha 1 and IPO's beta 0.5 (see docs/results.md).
+# "gae", "rpp", "rpp_baseline", "remax"); DAPO's overlong shaping window in tokens (0 = off);
+# hyperparameters at the papers' values (None: off, or set by rl.py), except the preference losses'
+# rpo_alpha 1 (an NLL anchor), IPO's beta 0.5 and KTO's beta 0.5 (measured: docs/results.md).
 Algo = namedtuple("Algo", "fn family advantage overlong defaults")
 _KL = dict(beta=0.0, kl_estimator="k3")  # the in-loss KL term, off
 _CLIP = dict(_KL, eps_low=0.2, eps_high=0.2, clip_c=None)
@@ -495,10 +557,16 @@ ALGOS = {
     "gmpo": Algo(gmpo, "pg", "std", 0, dict(_KL, eps_low=0.4, eps_high=0.4)),
     "dppo": Algo(dppo, "pg", "std", 0, dict(_KL, delta=0.2, is_cap=20.0)),
     "maxrl": Algo(maxrl, "pg", "maxrl", 0, {}),  # binary rewards: A is relative to the pass rate
+    "clip_cov": Algo(clip_cov, "pg", "std", 0, dict(_CLIP, cov_ratio=2e-4, cov_lb=1.0, cov_ub=5.0)),
+    "kl_cov": Algo(kl_cov, "pg", "std", 0, dict(_KL, cov_ratio=2e-3, cov_kl_coef=1.0)),  # the 7B recipe
+    "reinforce_pp": Algo(reinforce_pp, "pg", "rpp", 0, dict(eps_low=0.2, eps_high=0.2, beta=0.01)),
+    "reinforce_pp_baseline": Algo(reinforce_pp_baseline, "pg", "rpp_baseline", 0,
+                                  dict(eps_low=0.2, eps_high=0.2, beta=0.01)),
+    "remax": Algo(remax, "pg", "remax", 0, dict(beta=0.0)),  # beta: KL in the reward
     "dpo": Algo(dpo_loss, "pref", None, 0, dict(_RPO, kind="sigmoid", label_smoothing=0.0)),
     "ipo": Algo(dpo_loss, "pref", None, 0, dict(_RPO, beta=0.5, kind="ipo")),  # 1-nat margin
     "kto": Algo(kto_loss, "pref", None, 0, dict(_RPO, lambda_d=1.0, lambda_u=1.0)),
-    "simpo": Algo(simpo_loss, "pref", None, 0, dict(beta=2.0, gamma_beta_ratio=0.25)),  # no reference
+    "simpo": Algo(simpo_loss, "pref", None, 0, dict(beta=2.0, gamma_beta_ratio=0.25, rpo_alpha=1.0)),  # no ref
     "orpo": Algo(orpo_loss, "pref", None, 0, dict(lam=0.1)),  # no reference
     "sft": Algo(nll_loss, "sft", None, 0, {}),  # on gold answers
     "rft": Algo(nll_loss, "sft", None, 0, {}),  # on the policy's verified samples

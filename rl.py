@@ -1,13 +1,14 @@
 """
 Reinforcement learning from the SFT checkpoint, with any loss of losses.ALGOS.
 
-    python rl.py --loss=grpo            # or dapo, dr_grpo, gspo, sapo, cispo, gapo, pnpo, cliff, rloo...
+    python rl.py --loss=grpo            # or dapo, dr_grpo, kl_cov, reinforce_pp, remax, ...: losses.ALGOS
     python rl.py --loss=ppo --reward=rm  # PPO against a reward_model.py checkpoint (RLHF)
-    python rl.py --loss=dpo             # or ipo, kto (--pairs=online), baselines sft, rft: see pref.py
+    python rl.py --loss=dpo             # or ipo, kto, simpo, orpo (--pairs=online), baselines sft, rft
 
 One step: train prompts -> G samples each from the KV-cache sampler, whose log-probs are the old
 log-probs -> rewards (verify.py, or a reward model) -> advantages (the loss's kind; PPO: GAE on a
-value head) -> reference log-probs if a KL term needs them -> ppo_epochs x minibatches updates.
+value head; ReMax: a greedy response per prompt) -> reference log-probs if a KL term needs them ->
+ppo_epochs x minibatches updates.
 Dynamic sampling drops the groups whose rewards are all equal and samples new prompts to refill.
 Held-out eval at step 0, every eval_interval and at the end; writes out_dir/{ckpt,best}.pt and
 metrics.jsonl. Every generator is seeded from (seed, rank, step): resume needs no RNG state.
@@ -15,7 +16,7 @@ metrics.jsonl. Every generator is seeded from (seed, rank, step): resume needs n
 import copy
 import os
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from types import SimpleNamespace
 from typing import Optional
 
@@ -126,7 +127,7 @@ def check_config(cfg):
     if cfg.clip_c is not None and cfg.clip_c <= 1:  # c < 1 would raise PPO's objective for A < 0
         raise UserError(f"clip_c must be > 1 (dual clip bounds the objective below at clip_c*A for "
                         f"A < 0; 3 is usual), or unset (off); got {cfg.clip_c}")
-    on_policy_only = family != "pg" or cfg.loss in ("reinforce", "rloo", "maxrl")
+    on_policy_only = family != "pg" or cfg.loss in ("reinforce", "rloo", "maxrl", "remax")
     if on_policy_only and cfg.ppo_epochs * cfg.minibatches > 1:
         why = ("later steps would be off-policy with no importance weight" if family == "pg"
                else "its update has no epochs or minibatches")
@@ -219,15 +220,20 @@ def select_groups(out, keep, G):
 def collect(model, tok, train, prompts, cfg, gen, reverse, dyn, rm=None, verifier=None):
     """Rollouts for one step: this rank's share of prompts_per_step prompts x G samples. Dynamic
     sampling drops the groups without signal and refills (up to max_refills more rounds): with the
-    verifier, all-right or all-wrong groups (DAPO keeps 0 < accuracy < 1), with an RM equal scores.
-    Returns (batch or None, stats)."""
-    parts, n_groups, n_sampled, n_zero_std, G = [], 0, 0, 0, cfg.group_size
+    verifier, all-right or all-wrong groups (DAPO keeps 0 < accuracy < 1), with an RM equal scores;
+    ReMax's greedy reward counts as one more member. Returns (batch or None, stats)."""
+    parts, n_groups, n_sampled, n_zero_std, greedy_sum, G = [], 0, 0, 0, 0.0, cfg.group_size
     want = cfg.prompts_per_step // world_size()
     for _ in range(1 + (cfg.max_refills if dyn else 0)):
         idx = prompts.take(want - n_groups)
         out = rollout(model, tok, train, idx, cfg, gen, reverse, rm, verifier)
         R = (out["correct"] if rm is None else out["reward"]).view(-1, G)  # (groups, G)
         prompts.record(idx, out["correct"].view(-1, G))
+        if cfg.loss == "remax":  # ReMax's baseline: each prompt's greedy response, rewarded alike
+            greedy = rollout(model, tok, train, idx, replace(cfg, group_size=1, temperature=0.0), gen,
+                             reverse, rm, verifier)["reward"]  # (groups,)
+            out["baseline"], R = greedy.repeat_interleave(G), torch.cat([R, greedy[:, None]], 1)
+            greedy_sum += greedy.sum().item()
         zero_std = R.max(1).values == R.min(1).values  # (groups,) no signal
         n_sampled, n_zero_std = n_sampled + len(idx), n_zero_std + int(zero_std.sum())
         if dyn:
@@ -237,7 +243,8 @@ def collect(model, tok, train, prompts, cfg, gen, reverse, dyn, rm=None, verifie
             n_groups += out["ids"].size(0) // G
         if not dyn or n_groups >= want:
             break
-    stats = {"rl/zero_std_frac": n_zero_std / n_sampled, "rl/n_groups": n_groups}
+    stats = {"rl/zero_std_frac": n_zero_std / n_sampled, "rl/n_groups": n_groups,
+             **({"rl/greedy_reward": greedy_sum / n_sampled} if cfg.loss == "remax" else {})}
     return (cat_rollouts(parts) if parts else None), stats
 
 
@@ -245,15 +252,20 @@ def advantages(cfg, batch, hp, ref_logp):
     """(N,) or (N, L) advantages for the loss, plus the extra keyword inputs some losses need."""
     G, R, kind = cfg.group_size, batch["reward"], L.ALGOS[cfg.loss].advantage  # R (N,)
     mask = batch["response_mask"][:, batch["prompt_len"]:]  # (N, L)
-    if kind == "gae":  # PPO as InstructGPT: token rewards -beta*k1 + score at the end, GAE, whitened
-        lp = batch["logps"]
+    if kind in ("gae", "rpp", "rpp_baseline"):  # token rewards -beta*k1 + score at the end, whitened:
+        lp, gae = batch["logps"], kind == "gae"  # PPO as InstructGPT: GAE; REINFORCE++: return-to-go
+        if kind == "rpp_baseline":
+            R = R - R.view(-1, G).mean(1).repeat_interleave(G)
         rewards = L.kl_in_reward(R, lp, ref_logp if hp["beta"] else lp, mask, hp["beta"])  # (N, L)
-        adv, returns = L.gae(rewards, batch["values"], mask, hp["gamma"], hp["lam"])  # (N, L) each
+        v = batch["values"] if gae else torch.zeros_like(rewards)  # V = 0, gamma = lam = 1: return-to-go
+        adv, returns = L.gae(rewards, v, mask, *((hp["gamma"], hp["lam"]) if gae else (1.0, 1.0)))
         n, s, s2 = all_reduce([mask.sum(), L.masked_sum(adv, mask), L.masked_sum(adv * adv, mask)]).tolist()
         adv = L.whiten(adv, mask, s / n, s2 / n - (s / n) ** 2)  # every rank's moments: DDP = one process
-        return adv, dict(old_values=batch["values"], returns=returns)
-    if cfg.loss in ("reinforce", "rloo") and hp["beta"] > 0:  # KL in the reward: R - beta * sum_t k1
+        return adv, (dict(old_values=v, returns=returns) if gae else {})
+    if cfg.loss in ("reinforce", "rloo", "remax") and hp["beta"] > 0:  # KL in the reward: R - beta*sum_t k1
         R = L.kl_in_reward(R, batch["logps"], ref_logp, mask, hp["beta"]).sum(1)
+    if kind == "remax":  # baseline: the reward of the prompt's greedy response
+        return R - batch["baseline"], {}
     R = R.view(-1, G)  # (n_groups, G)
     if kind == "cliff":
         adv = L.cliff_advantages(R, batch["first_wrong"].view(-1, G), mask.view(R.size(0), G, -1))
@@ -261,6 +273,8 @@ def advantages(cfg, batch, hp, ref_logp):
     extra = {}
     if cfg.loss == "gapo":
         extra = dict(group_correct=batch["correct"].view(-1, G).sum(1).repeat_interleave(G), group_size=G)
+    if cfg.loss in ("clip_cov", "kl_cov"):  # their tokens (N, L), chosen by update minibatch by minibatch
+        extra = dict(cov_mask=torch.zeros(mask.shape, dtype=torch.bool, device=mask.device))
     return L.group_advantages(R, kind).flatten(), extra  # (N,)
 
 
@@ -316,6 +330,9 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
         for mb in perm.tensor_split(cfg.minibatches):  # exactly minibatches parts
             counts = all_reduce([mask[mb].sum().item(), float(len(mb))]).clamp_min(1).tolist()  # every rank's
             total, kept, g = 0.0, [], G if cfg.minibatches == 1 else 1  # shuffled rows hold no whole groups
+            if cfg.loss in ("clip_cov", "kl_cov"):  # their token selection spans the minibatch
+                first = not stats  # no optimizer step on this rollout yet
+                extra["cov_mask"][mb] = cov_mask(model, batch, mb, adv, mask, cfg, hp, gen, g, rows, first)
             opt.zero_grad()
             for ub in mb.split(rows):  # gradient accumulation over micro-batches
                 lp, logits, values = policy_logps(model, batch["ids"][ub], batch["offsets"][ub],
@@ -341,6 +358,16 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     stats.update(rollout_stats(batch, ref_logp, extra.get("returns"), hp.get("beta")))
     return {**stats, "rl/loss": total.item() * world_size(), "rl/grad_norm": gnorm.item(), "rl/lr": lr,
             "rl/n_tokens": mask.sum().item()}
+
+
+def cov_mask(model, batch, mb, adv, mask, cfg, hp, gen, G, rows, first):
+    """Clip-Cov / KL-Cov's tokens of minibatch mb (len(mb), L), from the current policy's log-probs
+    (a no-grad forward; at a rollout's first optimizer step theta = theta_old: the sampler's serve)."""
+    old = now = batch["logps"][mb]  # (len(mb), L)
+    if not first:
+        sub = {**batch, **{k: batch[k][mb] for k in ("ids", "offsets", "response_mask")}}
+        now = frozen_logps(unwrap(model), sub, cfg.temperature, G, rows)[0]
+    return L.cov_select(now, old, adv[mb], mask[mb], gen, kind=cfg.loss, **hp)
 
 
 def rollout_stats(batch, ref_logp=None, returns=None, beta=None):

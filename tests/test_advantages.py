@@ -148,3 +148,32 @@ def test_only_dapo_shapes_overlong_answers_by_default():
     assert windows.pop("dapo") == 2 and set(windows.values()) == {0}
     assert rl.overlong_window(rl.Config(loss="dapo", overlong_window=0)) == 0
     assert rl.overlong_window(rl.Config(loss="grpo", overlong_window=3)) == 3
+
+
+@pytest.mark.parametrize("loss,whitened", [
+    # token rewards -0.5 * k1, R on the last token; returns to go [[1.1, 1.2], [-0.3], [0.5, 0.5, 0.6], [1.8, 2.0]]
+    # (mean 0.925, population variance 0.499375 over the 8 tokens)
+    ("reinforce_pp", [[0.247642, 0.389152], [-1.733495], [-0.601417, -0.601417, -0.459907],
+                      [1.238211, 1.521231]]),
+    # R minus its group's mean first (groups [1, 0], [0.5, 2]): returns [[0.6, 0.7], [-0.8], [-0.75, -0.75, -0.65],
+    # [0.55, 0.75]]; centring by group changes the whitened result, as a global shift would not
+    ("reinforce_pp_baseline", [[0.923516, 1.066975], [-1.084907], [-1.013178, -1.013178, -0.869719],
+                               [0.851787, 1.138704]]),
+])
+def test_reinforce_pp_token_returns_whitened_over_the_batch(loss, whitened):
+    """REINFORCE++: rewards R - beta * k1(old, ref) per token (beta 0.5 here), return-to-go with gamma 1, whitened
+    over every valid token of the batch; padding stays 0 and no value or return goes to the loss."""
+    lengths = [2, 1, 3, 2]
+    lp = [[-0.5, -1.0], [-0.2], [-1.0, -0.3, -0.6], [-0.4, -0.9]]
+    ref = [[-0.7, -0.6], [-0.8], [-1.0, -0.5, -0.4], [-0.8, -0.9]]  # k1 = lp - ref = [[0.2, -0.4], [0.6], ...]
+    batch = _batch([1.0, 0.0, 0.5, 2.0], lengths, logps=_pad(lp, 5.0))
+    adv, extra = rl.advantages(rl.Config(loss=loss, group_size=2), batch, L.resolve_hparams(loss, beta=0.5),
+                               _pad(ref, -3.0))
+    assert extra == {} and adv.shape == (4, T)
+    torch.testing.assert_close(adv, _pad(whitened, 0.0), atol=1e-5, rtol=0)
+
+
+def test_remax_advantage_is_the_reward_minus_the_greedy_reward():
+    batch = _batch([1.0, 0.0, 0.0, 1.0], [2, 1, 3, 2], baseline=torch.tensor([1.0, 1.0, 0.0, 0.0]))
+    adv, extra = rl.advantages(rl.Config(loss="remax", group_size=2), batch, L.resolve_hparams("remax"), None)
+    assert adv.tolist() == [0.0, -1.0, 0.0, 1.0] and extra == {}

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from losses import (ALGOS, BASELINES, DEFAULTS, LOSSES, PREF_LOSSES, adaptive_beta, bt_loss, clip_objective,
+from losses import (ALGOS, BASELINES, DEFAULTS, LOSSES, PREF_LOSSES, adaptive_beta, bt_loss, clip_objective, cov_select,
                     cliff_advantages, explained_variance, gae, gapo_eps_high, group_advantages, kl_estimate,
                     kl_in_reward, masked_mean, masked_sum, nll_loss, prefix_prob, resolve_hparams,
                     response_logps, sequence_ratio, token_entropy, whiten)
@@ -17,7 +17,7 @@ MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
 ADV = torch.tensor([1.0, -1.0])
 DAPO_GRAD = [[-0.221034, -0.180967, -0.221034], [0.244281, 0.163746, 0]]
 INPUTS = {"ref_logp", "n_tokens", "n_seqs", "values", "old_values", "returns", "entropy", "group_correct",
-          "group_size"}
+          "group_size", "cov_mask"}
 
 
 def call_loss(name, *args, **kw):
@@ -47,6 +47,8 @@ def _extra(name, B, T, rows=slice(None)):
         return dict(group_correct=torch.tensor([1, 2] * (B // 2))[rows], group_size=4)
     if name == "ppo":  # a zero value error: the policy part alone is compared
         return dict(values=torch.zeros(B, T)[rows], old_values=torch.zeros(B, T)[rows], returns=torch.zeros(B, T)[rows])
+    if name in ("clip_cov", "kl_cov"):  # the first token of rows 0, 3, ... singled out
+        return dict(cov_mask=((torch.arange(B)[:, None] % 3 == 0) & (torch.arange(T) == 0))[rows])
     return {}
 
 
@@ -316,9 +318,12 @@ def _batch(B=6, T=5, seed=0, per_token=False):
     return logp, old, ref, adv, mask
 
 
+IN_REWARD = ("reinforce", "rloo", "remax", "reinforce_pp", "reinforce_pp_baseline")  # beta: KL in the reward
+
+
 def _hp(name):
     """An in-loss KL term for every loss that has one (reinforce/rloo put KL into the reward)."""
-    return {} if name in ("reinforce", "rloo") or "beta" not in DEFAULTS[name] else dict(beta=0.1)
+    return {} if name in IN_REWARD or "beta" not in DEFAULTS[name] else dict(beta=0.1)
 
 
 @pytest.mark.parametrize("name", sorted(LOSSES))
@@ -343,6 +348,8 @@ MICRO_NORMS = [  # (loss, per-sequence token mean first?, global count it divide
     ("reinforce", False, 4), ("rloo", False, 4), ("grpo", True, 4), ("cliff", True, 4), ("sapo", True, 4),
     ("pnpo", True, 4), ("gspo", True, 4), ("gapo", True, 4), ("dr_grpo", False, 4 * 4), ("dapo", False, 10),
     ("cispo", False, 10), ("ppo", False, 10), ("gmpo", True, 4), ("dppo", False, 10), ("maxrl", True, 4),
+    ("clip_cov", False, 10), ("kl_cov", False, 10), ("reinforce_pp", False, 10), ("reinforce_pp_baseline", False, 10),
+    ("remax", False, 10),
 ]
 
 
@@ -357,7 +364,8 @@ def test_micro_batch_divides_by_the_global_count(name, per_seq, count):
     logp = torch.tensor([[-0.3, -1.1, -0.2, 0.0], [-0.8, 0.0, 0.0, 0.0]], requires_grad=True)
     zeros = torch.zeros(2, 4)
     extra = {"ppo": dict(values=zeros, old_values=zeros, returns=zeros), "dr_grpo": dict(max_new_tokens=4),
-             "gapo": dict(group_correct=[1, 2], group_size=4)}.get(name, {})
+             "gapo": dict(group_correct=[1, 2], group_size=4), "clip_cov": dict(cov_mask=zeros.bool()),
+             "kl_cov": dict(cov_mask=zeros.bool())}.get(name, {})
     a = adv[:, None].expand(2, 4).clone() if name == "cliff" else adv
     hp = dict(beta=0.0) if "beta" in DEFAULTS[name] else {}
     loss, _ = call_loss(name, logp, logp.detach(), a, mask, n_tokens=10, n_seqs=4, **hp, **extra)
@@ -392,6 +400,8 @@ def test_all_equal_groups_give_zero_advantage_and_zero_gradient(name):
         adv = group_advantages(rewards, kind if kind in ("rloo", "maxrl") else "std").view(B)
     assert torch.equal(adv, torch.zeros_like(adv))
     extra = dict(group_correct=[4] * 4 + [0] * 4, group_size=4) if name == "gapo" else _extra(name, B, T)
+    if name == "kl_cov":  # its penalty pulls its tokens back to old_logp at any advantage: none chosen here
+        extra["cov_mask"] = torch.zeros(B, T, dtype=torch.bool)
     logp.requires_grad_(True)
     loss, _ = call_loss(name, logp, old, adv, mask, **({"beta": 0.0} if "beta" in DEFAULTS[name] else {}),
                         **extra)
@@ -803,3 +813,76 @@ def test_maxrl_by_hand():
     out.backward()
     assert out.item() == pytest.approx(0.2083333, abs=1e-6)
     torch.testing.assert_close(logp.grad, torch.tensor([[-1 / 6] * 3, [0.25, 0.25, 0]]), atol=1e-7, rtol=0)
+
+
+# ----------------------------------------------------------------------------- clip_cov, kl_cov, reinforce_pp, remax
+# On the reference batch: r = exp(d) = [[1.105171, 0.904837, 1.105171], [1.221403, 0.818731]], A = [1, -1], and
+# cov_t = (A_t - mean A)(logp_t - mean logp) = (A_t - 0.2)(logp_t + 1) = [[0, 0.4, -0.8], [-0.84, 0.24]].
+COV = torch.tensor([[0, 1, 0], [0, 0, 0]], dtype=torch.bool)  # token (0, 1) singled out
+
+
+@pytest.mark.parametrize("hp,want", [
+    (dict(cov_lb=0.1, cov_ub=0.5, cov_ratio=0.4), [[0, 1, 0], [0, 1, 0]]),  # n = 2: both candidates
+    (dict(cov_lb=0.1, cov_ub=0.3, cov_ratio=0.4), [[0, 0, 0], [0, 1, 0]]),  # 0.4 is not below ub
+    (dict(cov_lb=0.1, cov_ub=0.5, cov_ratio=0.4, eps_low=0.15), [[0, 1, 0], [0, 0, 0]]),  # r 0.819 clipped
+    (dict(cov_ratio=0.4), [[0, 0, 0], [0, 0, 0]]),  # the default band 1 < cov < 5 holds none
+])
+def test_clip_cov_selection_by_hand(hp, want):
+    sel = cov_select(torch.tensor(LOGP), OLD, ADV, MASK, torch.Generator().manual_seed(0),
+                     kind="clip_cov", **resolve_hparams("clip_cov", **hp))
+    assert torch.equal(sel, torch.tensor(want, dtype=torch.bool))
+
+
+def test_clip_cov_draws_n_of_the_candidates_with_the_generator():
+    """n = max(floor(2e-4 * 5), 1) = 1 of the two candidates (0, 1), (1, 1), the draw fixed by the seed."""
+    hp = resolve_hparams("clip_cov", cov_lb=0.1, cov_ub=0.5)
+    picks = {seed: cov_select(torch.tensor(LOGP), OLD, ADV, MASK, torch.Generator().manual_seed(seed),
+                              kind="clip_cov", **hp) for seed in range(8)}
+    for seed, sel in picks.items():
+        assert int(sel.sum()) == 1 and (sel[0, 1] or sel[1, 1])
+        again = cov_select(torch.tensor(LOGP), OLD, ADV, MASK, torch.Generator().manual_seed(seed), kind="clip_cov", **hp)
+        assert torch.equal(sel, again)
+    assert len({tuple(s.flatten().tolist()) for s in picks.values()}) == 2  # both get drawn
+
+
+@pytest.mark.parametrize("ratio,want", [(0.002, [[0, 1, 0], [0, 0, 0]]), (0.4, [[0, 1, 0], [0, 1, 0]])])
+def test_kl_cov_selection_is_the_top_covariance(ratio, want):
+    sel = cov_select(torch.tensor(LOGP), OLD, ADV, MASK, kind="kl_cov", **resolve_hparams("kl_cov", cov_ratio=ratio))
+    assert torch.equal(sel, torch.tensor(want, dtype=torch.bool))
+
+
+def test_clip_cov_and_kl_cov_by_hand():
+    """No token clipped at eps 0.2, so clip_cov = -sum r*A / 5 without token (0, 1): -(1.075046 - 0.904837) / 5,
+    gradient -r*A/5 elsewhere (DAPO's here) and 0 there. kl_cov subtracts |d_01| = 0.1 instead: -(1.075046 -
+    0.1) / 5, and token (0, 1) gets -(r*A - sign(d)) / 5 = -(0.904837 + 1) / 5."""
+    for name, loss, g01 in (("clip_cov", -0.0340417, 0.0), ("kl_cov", -0.1950091, -0.3809675)):
+        logp = torch.tensor(LOGP, requires_grad=True)
+        out, stats = call_loss(name, logp, OLD, ADV, MASK, cov_mask=COV)
+        out.backward()
+        grad = torch.tensor(DAPO_GRAD)
+        grad[0, 1] = g01
+        assert out.item() == pytest.approx(loss, abs=1e-6)
+        torch.testing.assert_close(logp.grad, grad, atol=1e-6, rtol=0)
+        assert float(stats["cov_frac"]) == pytest.approx(0.2)
+
+
+def test_reinforce_pp_by_hand():
+    """Token advantages [[0.5, -1, 2], [-0.3, 0.8]] at eps_low 0.05, eps_high 0.1: r = 1.105 > 1.1 clips both A > 0
+    tokens of row 0 (objective 1.1*A, no gradient), r = 0.905 < 0.95 clips the A < 0 one (0.95*A); the rest stay
+    r*A. loss = -(0.55 - 0.95 + 2.2 - 0.366421 + 0.654985) / 5."""
+    logp = torch.tensor(LOGP, requires_grad=True)
+    adv = torch.tensor([[0.5, -1.0, 2.0], [-0.3, 0.8, 9.0]])
+    out, stats = call_loss("reinforce_pp", logp, OLD, adv, MASK, eps_low=0.05, eps_high=0.1)
+    out.backward()
+    assert out.item() == pytest.approx(-0.4177128, abs=1e-6)
+    torch.testing.assert_close(logp.grad, torch.tensor([[0, 0, 0], [0.0732842, -0.1309969, 0]]), atol=1e-6, rtol=0)
+    assert float(stats["clipfrac_high"]) == pytest.approx(0.4) and float(stats["clipfrac_low"]) == pytest.approx(0.2)
+
+
+def test_remax_by_hand():
+    """Token sum of A*logp over all 5 tokens: -((-3.5) - (-1.5)) / 5; gradient -A/5."""
+    logp = torch.tensor(LOGP, requires_grad=True)
+    out, _ = call_loss("remax", logp, OLD, ADV, MASK)
+    out.backward()
+    assert out.item() == pytest.approx(0.4, abs=1e-7)
+    torch.testing.assert_close(logp.grad, torch.tensor([[-0.2] * 3, [0.2, 0.2, 0]]), atol=1e-7, rtol=0)

@@ -233,7 +233,9 @@ LEN_C, LEN_R = torch.tensor([2.0, 3.0]), torch.tensor([4.0, 1.0])
 @pytest.mark.parametrize("name,hp,loss,grad_c,grad_r,margin", [
     # beta 2, gamma 0.5: logits 2 * [0, 1] - 0.5; the mean of -log sigmoid(-0.5) and -log sigmoid(1.5);
     # d/d pi_c = -sigmoid(-logit) * beta / |y_c| / 2
-    ("simpo", {}, 0.5877451, [-0.3112297, -0.0608085], [0.1556148, 0.1824255], 1.0),
+    ("simpo", dict(rpo_alpha=0.0), 0.5877451, [-0.3112297, -0.0608085], [0.1556148, 0.1824255], 1.0),
+    # the default rpo_alpha 1 adds the chosen answers' mean -a_c = 1, and -1 / |y_c| / 2 to their gradient
+    ("simpo", {}, 1.5877451, [-0.5612297, -0.2274752], [0.1556148, 0.1824255], 1.0),
     # log odds_c - log odds_r = [0, 1 - (log(1 - e^-1) - log(1 - e^-2))] = [0, 1.3132617];
     # -a_c - 0.1 * log sigmoid of it; d/d a_c = -1 - lam * sigmoid(-lo) / (1 - e^a_c)
     ("orpo", {}, 1.0465665, [-0.2697747, -0.1722548], [0.0098874, 0.0122557], 0.6566308),

@@ -221,11 +221,11 @@ def test_a_wandb_failure_never_stops_training(sft_ckpt, tmp_path, monkeypatch, c
     assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 1]
 
 
-@pytest.mark.parametrize("loss", ["grpo", "dapo", "ppo"])
+@pytest.mark.parametrize("loss", ["grpo", "dapo", "ppo", "kl_cov", "reinforce_pp"])
 def test_micro_batches_give_the_same_step(loss, varied_reward):
     """micro_batch_size changes memory, not the step: accumulated over micro-batches of one group,
     of uneven sizes, or in one piece, the gradients and the logged diagnostics agree, because every
-    normaliser counts the whole minibatch (failure mode 4)."""
+    normaliser counts the whole minibatch (failure mode 4), and KL-Cov picks its tokens over it."""
     import copy
     from dataclasses import replace
     from data.tasks import ALPHABET, load_split
@@ -425,3 +425,59 @@ def test_sampler_calls_hold_at_most_sample_batch_size_rows(sft_ckpt, monkeypatch
     test = load_split(task, "test")[:10]
     evaluate_policy(model, model, tok, test[:6], test, reverse, cfg, lambda *a, **k: 0.0, seeded("cpu", 1))
     assert sizes and max(sizes) <= 8
+
+
+def test_cov_tokens_are_chosen_over_the_minibatch_from_the_current_policy(monkeypatch):
+    """KL-Cov takes max(floor(0.002 * n_valid), 1) = 1 token per minibatch, however many micro-batches it is
+    accumulated in (4 here); at a rollout's first optimizer step from the sampler's log-probs (theta = theta_old),
+    later from a fresh no-grad forward of the moved policy."""
+    import copy
+    model, batch = tiny_batch()
+    seen, select = [], L.cov_select
+
+    def spy(lp, old, adv, mask, *a, **k):
+        seen.append((lp, old, mask, select(lp, old, adv, mask, *a, **k)))
+        return seen[-1][-1]
+    monkeypatch.setattr(L, "cov_select", spy)
+    opt = model.configure_optimizer(1e-2, 0.0, (0.9, 0.99))
+    cfg = rl.Config(loss="kl_cov", group_size=4, micro_batch_size=4, ppo_epochs=2, minibatches=2)
+    stats = rl.update(model, copy.deepcopy(model), opt, batch, cfg, L.resolve_hparams("kl_cov"),
+                      torch.Generator().manual_seed(0), 1e-2)
+    assert [int(sel.sum()) for *_, sel in seen] == [1, 1, 1, 1]  # not one per micro-batch of 4 rows
+    assert stats["rl/cov_frac"] == pytest.approx(sum(1 / m.sum().item() for _, _, m, _ in seen) / 4)
+    assert len(seen) == 4 and torch.equal(seen[0][0], seen[0][1])  # the first: the sampler's log-probs
+    assert all((lp - old).abs().max() > 1e-4 for lp, old, *_ in seen[1:])  # the others: the policy has moved
+
+
+def test_remax_baseline_is_each_prompts_greedy_reward(sft_ckpt, varied_reward):
+    """ReMax samples a greedy response per prompt in the same step: its reward is the baseline of the
+    prompt's G rows, and its mean is logged."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+    from data.tasks import load_split
+    from policy import load_policy
+    model, tok, task, reverse, _, _ = load_policy(SimpleNamespace(sft_ckpt=sft_ckpt, loss="remax"), torch.device("cpu"))
+    train, cfg = load_split(task, "train"), rl.Config(loss="remax", prompts_per_step=4, group_size=4)
+    batch, stats = rl.collect(model, tok, train, rl.PromptSampler(len(train), 0, False), cfg,
+                              torch.Generator().manual_seed(0), reverse, dyn=False)
+    idx = rl.PromptSampler(len(train), 0, False).take(4)
+    greedy = rl.rollout(model, tok, train, idx, replace(cfg, group_size=1, temperature=0.0), None, reverse)
+    assert torch.equal(batch["baseline"], greedy["reward"].repeat_interleave(4))
+    assert stats["rl/greedy_reward"] == pytest.approx(greedy["reward"].mean().item())
+
+
+def test_remax_dynamic_sampling_counts_the_greedy_reward(monkeypatch):
+    """An all-wrong group whose greedy answer is right has signal under ReMax (A = -1 on every row): kept;
+    a group equal to its greedy reward is dropped."""
+    def fake_rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None):
+        if cfg.group_size == 1:  # the greedy responses
+            return {"reward": torch.tensor([1.0, 0.0])}
+        correct = torch.tensor([0.0, 0, 0, 0, 0, 0, 0, 0])
+        return {"ids": torch.arange(8)[:, None], "correct": correct, "reward": correct}
+
+    monkeypatch.setattr(rl, "rollout", fake_rollout)
+    monkeypatch.setattr(rl, "cat_rollouts", lambda parts: parts[0])
+    cfg = rl.Config(loss="remax", prompts_per_step=2, group_size=4, max_refills=0)
+    batch, stats = rl.collect(None, None, None, rl.PromptSampler(10, 0, False), cfg, None, True, dyn=True)
+    assert batch["ids"].flatten().tolist() == [0, 1, 2, 3] and batch["baseline"].tolist() == [1.0] * 4
+    assert stats["rl/zero_std_frac"] == 0.5 and stats["rl/greedy_reward"] == 0.5
