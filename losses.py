@@ -533,7 +533,7 @@ def nll_loss(logp, mask, n_tokens=None):
 # "sft": supervised baseline); the advantage rl.py gives it (a group_advantages kind, "cliff",
 # "gae", "rpp", "rpp_baseline", "remax"); DAPO's overlong shaping window in tokens (0 = off);
 # hyperparameters at the papers' values (None: off, or set by rl.py), except the preference losses'
-# rpo_alpha 1 (an NLL anchor), IPO's beta 0.5 and KTO's beta 0.5 (measured: docs/results.md).
+# rpo_alpha 1 (an NLL anchor), IPO's beta 0.5 and KTO's beta 1 (measured: docs/results.md).
 Algo = namedtuple("Algo", "fn family advantage overlong defaults")
 _KL = dict(beta=0.0, kl_estimator="k3")  # the in-loss KL term, off
 _CLIP = dict(_KL, eps_low=0.2, eps_high=0.2, clip_c=None)
@@ -565,8 +565,8 @@ ALGOS = {
     "remax": Algo(remax, "pg", "remax", 0, dict(beta=0.0)),  # beta: KL in the reward
     "dpo": Algo(dpo_loss, "pref", None, 0, dict(_RPO, kind="sigmoid", label_smoothing=0.0)),
     "ipo": Algo(dpo_loss, "pref", None, 0, dict(_RPO, beta=0.5, kind="ipo")),  # 1-nat margin
-    "kto": Algo(kto_loss, "pref", None, 0, dict(_RPO, lambda_d=1.0, lambda_u=1.0)),
-    "simpo": Algo(simpo_loss, "pref", None, 0, dict(beta=2.0, gamma_beta_ratio=0.25, rpo_alpha=1.0)),  # no ref
+    "kto": Algo(kto_loss, "pref", None, 0, dict(_RPO, beta=1.0, lambda_d=1.0, lambda_u=1.0)),  # 0.1: -pass@8
+    "simpo": Algo(simpo_loss, "pref", None, 0, dict(_RPO, beta=2.0, gamma_beta_ratio=0.25)),  # no reference
     "orpo": Algo(orpo_loss, "pref", None, 0, dict(lam=0.1)),  # no reference
     "sft": Algo(nll_loss, "sft", None, 0, {}),  # on gold answers
     "rft": Algo(nll_loss, "sft", None, 0, {}),  # on the policy's verified samples
