@@ -12,6 +12,7 @@ returns (loss, stats). Conventions:
   its own), so the micro-batch losses sum to the full batch's.
 - **hp: the loss's full hyperparameters, resolve_hparams(name, ...), resolved once by rl.py.
 """
+import math
 from collections import namedtuple
 
 import torch
@@ -193,6 +194,36 @@ def clip_objective(ratio, adv, eps_low, eps_high, clip_c=None):
         dual = (adv < 0) & (obj < clip_c * adv)
         obj, high = torch.where(dual, clip_c * adv, obj), high | dual
     return obj, low, high
+
+
+@torch.no_grad()
+def rollout_weights(old_logp, mu_logp, mask, kind, cap=2.0, low=0.5, high=5.0):
+    """Detached weights (B, T) for a rollout sampled by mu and trained from pi_old, and the fraction
+    of tokens capped or masked (0-d). With rho_t = exp(old_t - mu_t) (1 off the mask):
+      "tis":       w_t = min(rho_t, cap), cap 2 (truncated IS, Yao et al. 2025; verl)
+      "seq_tis":   w = min(prod_t rho_t, cap) on every token of the sequence
+      "icepop":    w_t = rho_t where low <= rho_t <= high (0.5, 5), else 0 (IcePop, arXiv 2510.18855)
+      "decoupled": w_t = rho_t = pi_prox/mu, 0 where it exceeds high (decoupled PPO, Fu et al. 2025,
+                   AReaL, arXiv 2505.24298; its clip is anchored at pi_prox, which old_logp is)
+    A policy loss takes them as w*A: w >= 0 is a constant, so min(r*wA, clip(r)*wA) = w*min(rA,
+    clip(r)A): the weight multiplies each token's policy term, the normaliser is unchanged."""
+    m = mask.bool()
+    x = torch.where(m, old_logp - mu_logp, 0.0)                      # (B, T)
+    rho = torch.exp(x.sum(1, keepdim=True) if kind == "seq_tis" else x).expand(m.shape)  # (B, T)
+    if kind in ("tis", "seq_tis"):
+        cut, w = rho > cap, rho.clamp(max=cap)                       # (B, T) capped
+    elif kind in ("icepop", "decoupled"):
+        cut = (rho > high) | (rho < low) if kind == "icepop" else rho > high  # (B, T) masked
+        w = torch.where(cut, 0.0, rho)
+    else:
+        raise ValueError(f"unknown rollout correction {kind!r}; valid: tis, seq_tis, icepop, decoupled")
+    return w, masked_mean(cut.float(), m)
+
+
+def teacher_advantages(mu_logp, teacher_logp, mask, bound=10.0):
+    """(B, T) on-policy distillation advantage A_t = -clamp(log mu_t - log pi_T_t, +-bound): minus the
+    sampled token's reverse-KL term, dense credit with no reward; 0 off the mask."""
+    return torch.where(mask.bool(), -(mu_logp - teacher_logp).clamp(-bound, bound), 0.0)
 
 # ---------------------------------------------------------------------- policy losses
 
@@ -438,6 +469,37 @@ def kl_cov(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None,
     pen = torch.where(cov_mask.bool(), hp["cov_kl_coef"] * (logp - old_logp).abs(), 0.0)  # (B, T)
     stats = dict(_stats(ratio, m), cov_frac=masked_mean(cov_mask.float(), m))
     return -masked_sum(ratio * adv - pen - kl, m) / (n_tokens or m.sum().clamp_min(1)), stats
+
+
+def opd(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, **hp):
+    """On-policy distillation (Agarwal et al. 2024, arXiv 2306.13649, GKD's reverse KL on the sampled
+    tokens; Thinking Machines 2025): objective r_t*A_t, no clip, r_t = exp(logp_t - old_logp_t) with
+    old_logp = the sampler's mu (the full importance weight), A_t = teacher_advantages; token sum
+    divided by n_tokens. At r = 1 the loss is the k1 estimate of KL(mu || pi_teacher)."""
+    m, logp, _, ratio, adv, _ = _prep(logp, old_logp, adv, mask)
+    return -masked_sum(ratio * adv, m) / (n_tokens or m.sum().clamp_min(1)), _stats(ratio, m)
+
+
+def gkd(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, *, logits,
+        teacher_logits, **hp):
+    """GKD (Agarwal et al. 2024, arXiv 2306.13649; TRL's GKDTrainer convention): at every response
+    position the exact divergence between the student's next-token distribution p (logits (B, T, V),
+    tempered, with grad) and the teacher's q (teacher_logits, constant), summed over the vocabulary;
+    token sum divided by n_tokens. gkd_beta b: 1 = reverse KL(p||q), 0 = forward KL(q||p), else
+    TRL's generalized JSD b*KL(q||M) + (1-b)*KL(p||M), M = b*q + (1-b)*p. The sampled prefixes are
+    data: adv is unused, logp and old_logp give the ratio stats only."""
+    m, _, _, ratio, _, _ = _prep(logp, old_logp, adv, mask)
+    b, lp = hp["gkd_beta"], F.log_softmax(logits.float(), -1)        # (B, T, V) student
+    lq = F.log_softmax(teacher_logits.detach().float(), -1)          # (B, T, V) teacher
+
+    def kl(a, c):  # KL(a || c) of log-probs (B, T, V) -> (B, T)
+        return (a.exp() * (a - c)).sum(-1)
+    if b in (0, 1):
+        div = kl(lp, lq) if b == 1 else kl(lq, lp)
+    else:
+        lm = torch.logaddexp(lq + math.log(b), lp + math.log(1 - b))  # (B, T, V) log M
+        div = b * kl(lq, lm) + (1 - b) * kl(lp, lm)
+    return masked_sum(div, m) / (n_tokens or m.sum().clamp_min(1)), _stats(ratio, m)
 
 # ---------------------------------------------------------------------- preference, supervised
 # Inputs: (B,) sequence sums of response log-probs, the policy's (with grad) and the reference's.
