@@ -35,7 +35,7 @@ FORMATS = ("{:.0f}", "{:.3f}", "{:.3f}", "{:+.1f}", "{:.3f}", "{:.3f}", "{:.4f}"
 
 @dataclass
 class Config:
-    losses: str = ""  # comma-separated names in losses.ALGOS; "" = all of them
+    losses: str = ""  # comma-separated names in losses.ALGOS; "" = all but opd, gkd (need a teacher)
     seeds: str = "1337"  # comma-separated; every loss runs once per seed
     max_iters: int = 24  # steps per RL / preference run (rl.py's 300 would take hours here)
     eval_interval: int = 8  # held-out eval every this many steps (and at step 0 and the end)
@@ -50,7 +50,8 @@ class Config:
 
 def parse(cfg):
     """Validated ({loss: steps} in table order, seeds, extra rl.py args)."""
-    names = [n.strip() for n in cfg.losses.split(",") if n.strip()] or list(L.ALGOS)
+    names = [n.strip() for n in cfg.losses.split(",") if n.strip()] or [
+        n for n, a in L.ALGOS.items() if a.advantage != "teacher"]  # opd, gkd: --rl_args=--teacher_ckpt=...
     bad = [n for n in names if n not in L.ALGOS]
     if bad:
         raise UserError(f"unknown loss {bad[0]!r} in --losses; valid: {', '.join(L.ALGOS)}")

@@ -198,15 +198,12 @@ def clip_objective(ratio, adv, eps_low, eps_high, clip_c=None):
 
 @torch.no_grad()
 def rollout_weights(old_logp, mu_logp, mask, kind, cap=2.0, low=0.5, high=5.0):
-    """Detached weights (B, T) for a rollout sampled by mu and trained from pi_old, and the fraction
-    of tokens capped or masked (0-d). With rho_t = exp(old_t - mu_t) (1 off the mask):
-      "tis":       w_t = min(rho_t, cap), cap 2 (truncated IS, Yao et al. 2025; verl)
-      "seq_tis":   w = min(prod_t rho_t, cap) on every token of the sequence
-      "icepop":    w_t = rho_t where low <= rho_t <= high (0.5, 5), else 0 (IcePop, arXiv 2510.18855)
-      "decoupled": w_t = rho_t = pi_prox/mu, 0 where it exceeds high (decoupled PPO, Fu et al. 2025,
-                   AReaL, arXiv 2505.24298; its clip is anchored at pi_prox, which old_logp is)
-    A policy loss takes them as w*A: w >= 0 is a constant, so min(r*wA, clip(r)*wA) = w*min(rA,
-    clip(r)A): the weight multiplies each token's policy term, the normaliser is unchanged."""
+    """Detached weights (B, T) of a rollout sampled by mu, trained from pi_old, and the fraction of
+    tokens capped or masked (0-d); rho_t = exp(old_t - mu_t). "tis": min(rho_t, cap) (Yao et al. 2025;
+    verl); "seq_tis": min(prod_t rho_t, cap) on each token of the sequence; "icepop": rho_t if low <=
+    rho_t <= high, else 0 (arXiv 2510.18855); "decoupled": rho_t = pi_prox/mu, 0 above high (decoupled
+    PPO, AReaL, arXiv 2505.24298: its clip is anchored at pi_prox, old_logp). Used as w*A: w >= 0 is
+    constant, so min(r*wA, clip(r)*wA) = w*min(rA, clip(r)A), the normaliser unchanged."""
     m = mask.bool()
     x = torch.where(m, old_logp - mu_logp, 0.0)                      # (B, T)
     rho = torch.exp(x.sum(1, keepdim=True) if kind == "seq_tis" else x).expand(m.shape)  # (B, T)
@@ -491,14 +488,9 @@ def gkd(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, *,
     m, _, _, ratio, _, _ = _prep(logp, old_logp, adv, mask)
     b, lp = hp["gkd_beta"], F.log_softmax(logits.float(), -1)        # (B, T, V) student
     lq = F.log_softmax(teacher_logits.detach().float(), -1)          # (B, T, V) teacher
-
-    def kl(a, c):  # KL(a || c) of log-probs (B, T, V) -> (B, T)
-        return (a.exp() * (a - c)).sum(-1)
-    if b in (0, 1):
-        div = kl(lp, lq) if b == 1 else kl(lq, lp)
-    else:
-        lm = torch.logaddexp(lq + math.log(b), lp + math.log(1 - b))  # (B, T, V) log M
-        div = b * kl(lq, lm) + (1 - b) * kl(lp, lm)
+    kl = lambda a, c: (a.exp() * (a - c)).sum(-1)  # noqa: E731  KL(a || c) of log-probs -> (B, T)
+    lm = torch.logaddexp(lq + math.log(b), lp + math.log(1 - b)) if 0 < b < 1 else None  # log M
+    div = kl(lp, lq) if b == 1 else kl(lq, lp) if b == 0 else b * kl(lq, lm) + (1 - b) * kl(lp, lm)
     return masked_sum(div, m) / (n_tokens or m.sum().clamp_min(1)), _stats(ratio, m)
 
 # ---------------------------------------------------------------------- preference, supervised
@@ -593,7 +585,7 @@ def nll_loss(logp, mask, n_tokens=None):
 # ---------------------------------------------------------------------- the table of algorithms
 # --loss=NAME -> function; family ("pg": policy gradient on rollouts, "pref": preference pairs,
 # "sft": supervised baseline); the advantage rl.py gives it (a group_advantages kind, "cliff",
-# "gae", "rpp", "rpp_baseline", "remax"); DAPO's overlong shaping window in tokens (0 = off);
+# "gae", "rpp", "rpp_baseline", "remax", "teacher"); DAPO's overlong shaping window in tokens (0 = off);
 # hyperparameters at the papers' values (None: off, or set by rl.py), except the preference losses'
 # rpo_alpha 1 (an NLL anchor), IPO's beta 0.5 and KTO's beta 1 (measured: docs/results.md).
 Algo = namedtuple("Algo", "fn family advantage overlong defaults")
@@ -625,6 +617,8 @@ ALGOS = {
     "reinforce_pp_baseline": Algo(reinforce_pp_baseline, "pg", "rpp_baseline", 0,
                                   dict(eps_low=0.2, eps_high=0.2, beta=0.01)),
     "remax": Algo(remax, "pg", "remax", 0, dict(beta=0.0)),  # beta: KL in the reward
+    "opd": Algo(opd, "pg", "teacher", 0, {}),  # --teacher_ckpt
+    "gkd": Algo(gkd, "pg", "teacher", 0, dict(gkd_beta=1.0)),  # --teacher_ckpt; 1 = reverse KL
     "dpo": Algo(dpo_loss, "pref", None, 0, dict(_RPO, kind="sigmoid", label_smoothing=0.0)),
     "ipo": Algo(dpo_loss, "pref", None, 0, dict(_RPO, beta=0.5, kind="ipo")),  # 1-nat margin
     "kto": Algo(kto_loss, "pref", None, 0, dict(_RPO, beta=1.0, lambda_d=1.0, lambda_u=1.0)),  # 0.1: -pass@8

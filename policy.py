@@ -32,6 +32,15 @@ def load_policy(cfg, dev):
     return model.to(dev).eval(), tok, task, reverse, vname, ckpt["config"].get("n_train", 0)
 
 
+def load_teacher(path, tok, dev):
+    """A frozen nanorl checkpoint to distil (opd, gkd), which must share the policy's tokenizer."""
+    teacher, ttok = model_from_checkpoint(load_checkpoint(path, hint="train one with sft.py"), path)
+    if ttok.to_dict() != tok.to_dict():
+        raise UserError(f"{path}: the teacher's tokenizer differs from the policy's; distillation compares "
+                        "their next-token distributions token by token")
+    return teacher.to(dev).eval().requires_grad_(False)
+
+
 def optimizer_step(model, opt, loss, lr, grad_clip, backward=True):
     """Backward (unless the caller accumulated the gradients; loss is then their total), sum the
     gradients over DDP ranks, refuse a NaN/inf (FloatingPointError naming the tensor), clip, step
@@ -83,12 +92,13 @@ def evaluate_policy(model, ref, tok, val, test, reverse, cfg, verifier, gen):
 
 
 def resume(path, cfg, model, opt, world, master):
-    """Load the weights and optimizer of an rl.py ckpt.pt of the same loss, model and number of ranks
-    -> the checkpoint (its run state and each rank's sampler state)."""
+    """Load the weights and optimizer of an rl.py ckpt.pt of the same loss, model, number of ranks and
+    staleness (0 before it existed) -> the checkpoint (its run state, each rank's sampler and queue)."""
     ck = load_checkpoint(path, hint="nothing to resume; drop --resume")
-    loss, ranks = ck["config"].get("loss"), len(ck.get("ranks", []))
-    if loss != cfg.loss or ck["model_args"] != model.config.__dict__ or ranks != world:
-        raise UserError(f"{path}: cannot resume, it is not a {cfg.loss} run of this model on {world} "
-                        f"rank(s) (loss {loss!r}, {ranks} rank(s), model {ck['model_args']})")
+    loss, ranks, k = ck["config"].get("loss"), len(ck.get("ranks", [])), ck["config"].get("staleness", 0)
+    if loss != cfg.loss or ck["model_args"] != model.config.__dict__ or ranks != world or k != cfg.staleness:
+        raise UserError(f"{path}: cannot resume, it is not a {cfg.loss} run of this model on {world} rank(s) "
+                        f"at staleness {cfg.staleness} (loss {loss!r}, {ranks} rank(s), staleness {k}, "
+                        f"model {ck['model_args']})")
     restore(path, ck, model, opt, master)
     return ck

@@ -4,18 +4,22 @@ Reinforcement learning from the SFT checkpoint, with any loss of losses.ALGOS.
     python rl.py --loss=grpo            # or dapo, dr_grpo, kl_cov, reinforce_pp, remax, ...: losses.ALGOS
     python rl.py --loss=ppo --reward=rm  # PPO against a reward_model.py checkpoint (RLHF)
     python rl.py --loss=dpo             # or ipo, kto, simpo, orpo (--pairs=online), baselines sft, rft
+    python rl.py --loss=opd --teacher_ckpt=out/sft-teacher/ckpt.pt  # or gkd: on-policy distillation
 
 One step: train prompts -> G samples each from the KV-cache sampler, whose log-probs are the old
 log-probs -> rewards (verify.py, or a reward model) -> advantages (the loss's kind; PPO: GAE on a
 value head; ReMax: a greedy response per prompt) -> reference log-probs if a KL term needs them ->
 ppo_epochs x minibatches updates.
 Dynamic sampling drops the groups whose rewards are all equal and samples new prompts to refill.
+Off-policy: --staleness=k trains on the rollout of k steps earlier, --sampler_bf16 samples in bf16;
+the trainer then recomputes pi_old, and --rollout_is / --decoupled weigh the tokens by pi_old/mu.
 Held-out eval at step 0, every eval_interval and at the end; writes out_dir/{ckpt,best}.pt and
 metrics.jsonl. Every generator is seeded from (seed, rank, step): resume needs no RNG state.
 """
 import copy
 import os
 import time
+from collections import deque
 from dataclasses import asdict, dataclass, fields, replace
 from types import SimpleNamespace
 from typing import Optional
@@ -31,13 +35,14 @@ from ddp import all_reduce, gather_objects, init_distributed, mean_over_ranks, r
 from evaluate import encode_prompts, gold_rows, grade, pass_k_name, responses, verifier_of
 from logger import Logger, StopFlag, fmt_time
 from model import generate, response_forward, seeded
-from policy import evaluate_policy, load_policy, optimizer_step, resume
+from policy import evaluate_policy, load_policy, load_teacher, optimizer_step, resume
 from rm import RewardModel
 from verify import exact_answer, first_wrong_token, overlong_penalty
 
 SHOWN = ("loss", "reward_mean", "rm_reward", "accuracy", "margin", "pair_accuracy", "z", "log_ratio",
          "n_groups", "n_seqs", "zero_std_frac", "entropy", "resp_len", "logp_mismatch",
-         "explained_variance", "value_loss")  # the progress line: these rl/ keys, when logged
+         "explained_variance", "value_loss", "old_mu_seq_mean", "is_capped_frac")  # the progress line
+SEQUENCE_LOSSES = ("gspo", "gapo", "gmpo")  # one advantage per sequence: sequence weights only
 
 
 @dataclass
@@ -72,6 +77,11 @@ class Config:
     minibatches: int = 1  # optimizer steps per epoch
     micro_batch_size: int = 64  # rows per training forward/backward: memory, not the math
     sample_batch_size: int = 64  # rows per sampler call: speed against memory (bench/README.md)
+    staleness: int = 0  # train each step on the rollout sampled this many steps earlier (async RL)
+    sampler_bf16: bool = False  # rollouts under bf16 autocast, updates in fp32: a known sampler gap
+    rollout_is: str = "none"  # tis, seq_tis, icepop: weight pi_old/mu of each token (losses.rollout_weights)
+    decoupled: bool = False  # decoupled PPO: clip at pi_prox = pi_old, weight pi_prox/mu, masked above 5
+    teacher_ckpt: str = ""  # opd, gkd: the checkpoint to distil (the policy's tokenizer); others ignore it
     # loss hyperparameters: None = the loss's default in losses.ALGOS
     beta: Optional[float] = None
     eps_low: Optional[float] = None
@@ -90,6 +100,7 @@ class Config:
     rpo_alpha: Optional[float] = None  # dpo/ipo/kto: weight of the chosen answers' NLL (RPO)
     lambda_d: Optional[float] = None  # kto: weight of desirable answers
     lambda_u: Optional[float] = None  # kto: weight of undesirable answers
+    gkd_beta: Optional[float] = None  # gkd: 1 reverse KL(pi || teacher), 0 forward KL, between: JSD
     eval_samples: int = 8  # samples per test problem for pass@1 / pass@8
     threads: int = 0
     device: str = "auto"  # auto = cuda > mps > cpu
@@ -119,8 +130,11 @@ def check_config(cfg):
                  ("group_size", ">= 2", lambda v: v >= 2),
                  ("max_new_tokens prompts_per_step eval_interval ckpt_interval pairs_per_step "
                   "ppo_epochs minibatches sample_batch_size", ">= 1", lambda v: v >= 1),
-                 ("max_iters max_seconds warmup_iters weight_decay max_refills eval_samples "
-                  "eps_low eps_high beta", ">= 0", lambda v: v is None or v >= 0))  # None: a default
+                 ("max_iters max_seconds warmup_iters weight_decay max_refills eval_samples staleness "
+                  "eps_low eps_high beta", ">= 0", lambda v: v is None or v >= 0),  # None: a default
+                 ("gkd_beta", "in [0, 1]", lambda v: v is None or 0 <= v <= 1),
+                 ("rollout_is", "none, tis, seq_tis or icepop",
+                  lambda v: v in ("none", "tis", "seq_tis", "icepop")))
     if (binary or family == "pref") and overlong_window(cfg) > 0:
         raise UserError(f"{cfg.loss} needs binary rewards: overlong shaping must be off "
                         "(--overlong_window=0)")
@@ -133,6 +147,24 @@ def check_config(cfg):
                else "its update has no epochs or minibatches")
         raise UserError(f"{cfg.loss} takes one optimizer step per batch ({why}): "
                         "ppo_epochs and minibatches must be 1")
+    fix = cfg.rollout_is != "none" or cfg.decoupled  # the off-policy lab's corrections
+    if fix and (on_policy_only or distills(cfg)):
+        raise UserError(f"--rollout_is and --decoupled reweight a clipped policy ratio; {cfg.loss} has none")
+    if cfg.staleness and on_policy_only:
+        raise UserError(f"--staleness trains on old rollouts, which needs an importance ratio; {cfg.loss} "
+                        "has none")
+    if cfg.rollout_is != "none" and cfg.decoupled:
+        raise UserError("--decoupled brings its own behaviour weight pi_prox/mu: leave --rollout_is=none")
+    if cfg.loss in SEQUENCE_LOSSES and (cfg.rollout_is in ("tis", "icepop") or cfg.decoupled):
+        raise UserError(f"{cfg.loss} weighs whole sequences: only --rollout_is=seq_tis fits it")
+    if distills(cfg) and not cfg.teacher_ckpt:  # other losses ignore it, as they do rm_ckpt
+        raise UserError(f"{cfg.loss} distils a teacher: set --teacher_ckpt (a nanorl checkpoint with the "
+                        "policy's tokenizer)")
+
+
+def distills(cfg):
+    """Whether the loss learns from a teacher's log-probs (opd, gkd), not from rewards."""
+    return L.ALGOS[cfg.loss].advantage == "teacher"
 
 
 def overlong_window(cfg):
@@ -252,6 +284,9 @@ def advantages(cfg, batch, hp, ref_logp):
     """(N,) or (N, L) advantages for the loss, plus the extra keyword inputs some losses need."""
     G, R, kind = cfg.group_size, batch["reward"], L.ALGOS[cfg.loss].advantage  # R (N,)
     mask = batch["response_mask"][:, batch["prompt_len"]:]  # (N, L)
+    if kind == "teacher":  # opd, gkd: the teacher's log-probs (gkd: tempered logits) are in batch (update)
+        extra = {"teacher_logits": batch["teacher_logits"]} if cfg.loss == "gkd" else {}
+        return L.teacher_advantages(batch["logps"], batch["teacher_logps"], mask), extra
     if kind in ("gae", "rpp", "rpp_baseline"):  # token rewards -beta*k1 + score at the end, whitened:
         lp, gae = batch["logps"], kind == "gae"  # PPO as InstructGPT: GAE; REINFORCE++: return-to-go
         if kind == "rpp_baseline":
@@ -290,16 +325,44 @@ def policy_logps(model, ids, offsets, full_mask, P, temperature, values=False, G
 
 
 @torch.no_grad()
-def frozen_logps(model, batch, temperature, G, rows, values=False):
+def frozen_logps(model, batch, temperature, G, rows, values=False, logits=False):
     """policy_logps of a rollout without gradient, `rows` rows (whole groups) at a time: memory
-    -> (logp (N, L), values (N, L) or None)."""
+    -> (logp (N, L), values (N, L) or None, tempered logits (N, L, V) or None)."""
     ids, offsets, mask, P = batch["ids"], batch["offsets"], batch["response_mask"], batch["prompt_len"]
     parts = [policy_logps(model, ids[i:i + rows], offsets[i:i + rows], mask[i:i + rows], P, temperature,
                           values, G) for i in range(0, ids.size(0), rows)]
-    return torch.cat([p[0] for p in parts]), (torch.cat([p[2] for p in parts]) if values else None)
+    return (torch.cat([p[0] for p in parts]), torch.cat([p[2] for p in parts]) if values else None,
+            torch.cat([p[1] for p in parts]) / temperature if logits else None)
 
 
-def update(model, ref, opt, batch, cfg, hp, gen, lr):
+def prepare(model, ref, teacher, batch, cfg, hp, G, rows, mask):
+    """A rollout's inputs before its first step -> (ref_logp (N, L) if a KL term needs it, advantages
+    times the weight of --rollout_is / --decoupled (losses.rollout_weights), advantages' extras, stats).
+    Into batch: PPO's V_old; the teacher's log-probs (gkd: logits); when mu, the sampler, can differ
+    from the trainer, pi_old as "logps" (recomputed; opd keeps mu) and mu as "mu_logps"."""
+    ref_logp = frozen_logps(ref, batch, cfg.temperature, G, rows)[0] if hp.get("beta") else None
+    recompute, stats = (cfg.staleness or cfg.sampler_bf16) and not distills(cfg), {}
+    if cfg.loss == "ppo" or recompute:
+        lp, v, _ = frozen_logps(unwrap(model), batch, cfg.temperature, G, rows, cfg.loss == "ppo")
+        if v is not None:  # the rollout's values V_old, from the same forward shape as the update's
+            batch["values"] = torch.where(mask.bool(), v, 0.0)
+    if teacher is not None:
+        batch["teacher_logps"], _, batch["teacher_logits"] = frozen_logps(
+            teacher, batch, cfg.temperature, G, rows, logits=cfg.loss == "gkd")
+    if recompute:  # the gap |sum_t (log pi_old - log mu)| per sequence (N,)
+        gap = L.masked_sum(lp - batch["logps"], mask, 1).abs()
+        batch.update(mu_logps=batch["logps"], logps=lp)
+        stats = {"rl/old_mu_seq_mean": gap.mean().item(), "rl/old_mu_seq_max": gap.max().item()}
+    adv, extra = advantages(cfg, batch, hp, ref_logp)
+    kind = "decoupled" if cfg.decoupled else cfg.rollout_is
+    if kind != "none":  # w (N, L); the sequence losses take seq_tis's one weight per row
+        w, cut = L.rollout_weights(batch["logps"], batch.get("mu_logps", batch["logps"]), mask, kind)
+        adv = adv * w[:, 0] if cfg.loss in SEQUENCE_LOSSES else (adv[:, None] if adv.dim() == 1 else adv) * w
+        stats["rl/is_capped_frac"] = cut.item()
+    return ref_logp, adv, extra, stats
+
+
+def update(model, ref, opt, batch, cfg, hp, gen, lr, teacher=None):
     """Exactly ppo_epochs x minibatches optimizer steps on one rollout. Each loss divides by its
     minibatch's token/sequence counts summed over DDP ranks and accumulates over micro-batches of
     whole groups, so ranks holding any share of the groups take one process's step on all of them.
@@ -307,20 +370,18 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
     G, ppo, N = cfg.group_size, cfg.loss == "ppo", batch["ids"].size(0)
     rows = max(G, cfg.micro_batch_size // G * G)  # micro-batches of whole groups
     mask = batch["response_mask"][:, batch["prompt_len"]:].float()  # (N, L) response tokens incl. EOS
-    ref_logp = frozen_logps(ref, batch, cfg.temperature, G, rows)[0] if hp.get("beta") else None
-    if ppo:  # the rollout's values V_old, from the same forward shape as the update's
-        batch["values"] = torch.where(mask.bool(), frozen_logps(unwrap(model), batch, cfg.temperature, G,
-                                                                rows, True)[1], 0.0)
-    adv, extra = advantages(cfg, batch, hp, ref_logp)
+    ref_logp, adv, extra, pre = prepare(model, ref, teacher, batch, cfg, hp, G, rows, mask)
     fewest = -int(all_reduce(-N, "max").item())  # rows on the emptiest rank
     if fewest < cfg.minibatches:
         raise UserError(f"minibatches={cfg.minibatches} but a rank holds only {fewest} rows this step "
                         f"(dynamic sampling kept few groups): lower --minibatches")
 
-    def loss_of(r, lp, values, ent, counts):
+    def loss_of(r, lp, values, ent, counts, logits):
         kw = {k: (v[r] if torch.is_tensor(v) else v) for k, v in extra.items()}
         if ppo:
             kw.update(values=values, **({"entropy": ent} if hp["ent_coef"] else {}))
+        if cfg.loss == "gkd":  # the divergence of the student's whole next-token distribution
+            kw["logits"] = logits / cfg.temperature
         ref_r = ref_logp[r] if ref_logp is not None else None
         return L.LOSSES[cfg.loss](lp, batch["logps"][r], adv[r], mask[r], ref_r, *counts, **hp, **kw)
 
@@ -341,21 +402,23 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr):
                 with torch.set_grad_enabled(bool(ppo and hp["ent_coef"])):  # grad only for PPO's bonus
                     ent = (L.token_entropy(logits, cfg.temperature)
                            if not stats or ppo and hp["ent_coef"] else None)
-                loss, st = loss_of(ub, lp, values, ent, counts)
+                loss, st = loss_of(ub, lp, values, ent, counts, logits)
                 loss.backward()
                 total += loss.detach()
-                kept.append([t.detach() if t is not None else None for t in (lp, values, ent)])
-            lp, values, ent = (torch.cat(ts) if ts[0] is not None else None for ts in zip(*kept))
-            if not stats:  # first update of a fresh rollout: the ratio must be exactly 1
-                stats = {"rl/logp_mismatch": (lp - batch["logps"][mb]).abs().max().item(),
-                         "rl/entropy": L.masked_mean(ent, mask[mb]).item()}
+                gkd_logits = logits if cfg.loss == "gkd" else None
+                kept.append([t.detach() if t is not None else None for t in (lp, values, ent, gkd_logits)])
+            lp, values, ent, logits = (torch.cat(ts) if ts[0] is not None else None for ts in zip(*kept))
+            if not stats:  # first update of a fresh rollout: the trainer against the sampler, ratio 1 at k=0
+                d, m = (lp - batch.get("mu_logps", batch["logps"])[mb]).abs(), mask[mb]  # (len(mb), L) each
+                stats = {"rl/logp_mismatch": d.max().item(), "rl/entropy": L.masked_mean(ent, m).item(),
+                         "rl/logp_mismatch_mean": L.masked_mean(d, m).item()}
             if len(kept) > 1:  # the minibatch's diagnostics, as if it had run in one piece
                 with torch.no_grad():
-                    st = loss_of(mb, lp, values, ent, counts)[1]
+                    st = loss_of(mb, lp, values, ent, counts, logits)[1]
             gnorm = optimizer_step(unwrap(model), opt, total, lr, cfg.grad_clip, backward=False)
             steps.append({k: float(v) for k, v in st.items()})
     stats.update({f"rl/{k}": sum(s[k] for s in steps) / len(steps) for k in steps[0]})
-    stats.update(rollout_stats(batch, ref_logp, extra.get("returns"), hp.get("beta")))
+    stats.update(rollout_stats(batch, ref_logp, extra.get("returns"), hp.get("beta")), **pre)
     return {**stats, "rl/loss": total.item() * world_size(), "rl/grad_norm": gnorm.item(), "rl/lr": lr,
             "rl/n_tokens": mask.sum().item()}
 
@@ -398,14 +461,21 @@ def offline(cfg):
 
 
 def train_step(cfg, s, lr, gen):
-    """One step of any loss -> its stats (no update when some rank has nothing to learn from)."""
+    """One step of any loss -> its stats (no update when some rank has nothing to learn from, or while
+    --staleness=k fills its queue: then step t trains on the rollout of step t-k)."""
     family, batch, stats, rows, t0 = L.ALGOS[cfg.loss].family, None, {}, None, time.time()
     if offline(cfg):
         n = cfg.pairs_per_step // world_size() * (2 if cfg.loss == "kto" else 1)
         rows, labels = pref.offline_rows(cfg.loss, s.tok, [s.data[i] for i in s.sampler.take(n)], s.reverse)
     else:  # online pairs need a right and a wrong answer in each group; rft keeps every group
-        dyn = cfg.dynamic_sampling if family == "pg" else family == "pref"
-        batch, stats = collect(s.model, s.tok, s.data, s.sampler, cfg, gen, s.reverse, dyn, s.rm, s.verifier)
+        dyn = cfg.dynamic_sampling and not distills(cfg) if family == "pg" else family == "pref"
+        with torch.autocast(s.dev.type, torch.bfloat16, enabled=cfg.sampler_bf16):  # a sampler/trainer gap
+            batch, stats = collect(s.model, s.tok, s.data, s.sampler, cfg, gen, s.reverse, dyn, s.rm,
+                                   s.verifier)
+        s.fifo.append(batch)  # --staleness=k: train on the rollout of k steps ago (mu is k updates old)
+        if len(s.fifo) <= cfg.staleness:
+            return stats
+        batch = s.fifo.popleft()
         if batch is not None and family != "pg":
             rows, labels = pref.rollout_rows(batch, cfg.loss, cfg.group_size)
         if all_reduce(float(batch is None or rows == []), "max").item():  # on any rank: no update
@@ -413,7 +483,7 @@ def train_step(cfg, s, lr, gen):
         stats.update({"perf/rollout_s": time.time() - t0,
                       "perf/rollout_tok_s": batch["length"].sum().item() / (time.time() - t0)})
     if family == "pg":
-        return {**stats, **update(s.fwd, s.ref, s.opt, batch, cfg, s.hp, gen, lr)}
+        return {**stats, **update(s.fwd, s.ref, s.opt, batch, cfg, s.hp, gen, lr, s.teacher)}
     loss, st = pref.loss(s.fwd, s.ref, s.tok, rows, labels, cfg.loss, s.hp)
     gnorm = optimizer_step(unwrap(s.model), s.opt, loss, lr, cfg.grad_clip)
     return {**stats, **st, **(rollout_stats(batch) if batch is not None else {}), "rl/loss": loss.item(),
@@ -450,12 +520,14 @@ def setup(cfg):
                         f"block_size={model.config.block_size}")
     rm = RewardModel.load(cfg.rm_ckpt, tok, dev) if cfg.reward == "rm" else None
     ref = copy.deepcopy(model).requires_grad_(False)  # the frozen reference
+    teacher = load_teacher(cfg.teacher_ckpt, tok, dev) if distills(cfg) else None
     opt = model.configure_optimizer(cfg.lr, cfg.weight_decay, (0.9, 0.99), hp.get("vf_lr_mult"))
     data = (labelled(train, n_train) if cfg.loss == "sft" else train)[rank::world]  # sft: the SFT's labels
     if offline(cfg) and cfg.loss != "sft":
         kind = "kto" if cfg.loss == "kto" else "pairs"
         data = load_records(ensure_data(task) / f"{kind}_train.jsonl", kind)[rank::world]
-    sampler = PromptSampler(len(data), ("prompts", cfg.seed, rank), cfg.prompt_selection and not offline(cfg))
+    select = cfg.prompt_selection and not offline(cfg) and not distills(cfg)  # distillation needs no reward
+    sampler = PromptSampler(len(data), ("prompts", cfg.seed, rank), select)
     fwd = torch.compile(model) if cfg.compile else model
     bf16 = dev.type == "cuda" if cfg.bf16 is None else cfg.bf16
     amp = torch.autocast(dev.type, torch.bfloat16, enabled=bf16)
@@ -463,22 +535,26 @@ def setup(cfg):
     verifier = None if vname == "exact" else task_verifier  # rollouts: None = exact_answer
     conf = {**asdict(cfg), "task": task, "reverse": reverse, "verifier": vname, "n_train": n_train}
     run = dict(step=0, best_val=-1.0, hparams=hp, start_eval=None, last_eval=None, t_train=0.0)
+    fifo = deque()  # the rollouts sampled and not yet trained on, oldest first (staleness)
     if cfg.resume:  # the weights, optimizer, run state and samplers: every generator is seeded by step
         ck = resume(os.path.join(out_dir, "ckpt.pt"), cfg, model, opt, world, master)
         run, hp = {k: ck[k] for k in run}, ck["hparams"]
         sampler.load_state_dict(ck["ranks"][rank]["sampler"])
+        fifo.extend({k: v.to(dev) if torch.is_tensor(v) else v for k, v in b.items()} if b else None
+                    for b in ck["ranks"][rank].get("fifo", []))  # staleness: rollouts not yet trained on
         if rm is not None:
             rm.load_state_dict(ck["ranks"][rank]["rm"])
     logger = Logger(out_dir, cfg, enabled=master, resolved={**conf, "out_dir": out_dir, "hparams": hp})
-    return SimpleNamespace(model=model, fwd=fwd, ref=ref, opt=opt, tok=tok, hp=hp, rm=rm, data=data,
-                           sampler=sampler, val=val, test=test, reverse=reverse, verifier=verifier,
-                           task_verifier=task_verifier, amp=amp, run=run, conf=conf, logger=logger,
-                           out_dir=out_dir, dev=dev, rank=rank, world=world, master=master)
+    return SimpleNamespace(model=model, fwd=fwd, ref=ref, teacher=teacher, opt=opt, tok=tok, hp=hp, rm=rm,
+                           data=data, sampler=sampler, fifo=fifo, val=val, test=test, reverse=reverse,
+                           verifier=verifier, task_verifier=task_verifier, amp=amp, run=run, conf=conf,
+                           logger=logger, out_dir=out_dir, dev=dev, rank=rank, world=world, master=master)
 
 
 def save(s, name):
     """ckpt.pt (every rank's sampler state, gathered) or best.pt (rank 0's), written by rank 0."""
-    mine = {"sampler": s.sampler.state_dict(), **({"rm": s.rm.state_dict()} if s.rm else {})}
+    mine = {"sampler": s.sampler.state_dict(), "fifo": list(s.fifo),  # plain dicts of tensors: weights_only
+            **({"rm": s.rm.state_dict()} if s.rm else {})}
     ranks = gather_objects(mine) if name == "ckpt.pt" else [mine]
     if s.master:
         save_checkpoint(os.path.join(s.out_dir, name), s.model, s.opt, s.conf, s.run["step"], s.tok,

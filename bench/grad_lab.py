@@ -211,12 +211,13 @@ def plot(main, sweep, path):
 def main(cfg):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    names = [n.strip() for n in cfg.losses.split(",") if n.strip()] or list(L.LOSSES)
+    pg = [n for n in L.LOSSES if L.ALGOS[n].advantage != "teacher"]  # opd, gkd follow a teacher, not J
+    names = [n.strip() for n in cfg.losses.split(",") if n.strip()] or pg
     sweep_names = [n.strip() for n in cfg.sweep_losses.split(",") if n.strip()]
     Gs = [int(g) for g in cfg.group_sizes.split(",") if g.strip()]
-    bad = [n for n in names + sweep_names if n not in L.LOSSES]
+    bad = [n for n in names + sweep_names if n not in pg]
     if bad:
-        raise UserError(f"unknown policy-gradient loss {bad[0]!r}; valid: {', '.join(L.LOSSES)}")
+        raise UserError(f"unknown policy-gradient loss {bad[0]!r}; valid: {', '.join(pg)}")
     if min(Gs + [cfg.group_size]) < 2 or any(cfg.samples % G for G in Gs + [cfg.group_size]):
         raise UserError(f"group sizes must be >= 2 and divide samples={cfg.samples}")
     if cfg.batches < 3 or cfg.prompts < 1:

@@ -1,10 +1,17 @@
-"""The off-policy lab: rollout-correction weights and the distillation losses by hand."""
+"""The off-policy lab: rollout-correction weights and the distillation losses by hand, stale rollouts
+(the queue, exact resume), the bf16 sampler gap, the identity at k = 0, and every misuse's one line."""
+import copy
 import math
 
 import pytest
 import torch
 
 import losses as L
+import rl
+from checkpoint import load_checkpoint, save_checkpoint
+from config import UserError
+from test_reliability import rows, same_weights, signal_on_call
+from test_rl import TINY_RL, cli, run, sft_ckpt, tiny_batch, varied_reward  # noqa: F401 (fixtures)
 
 # ----------------------------------------------------------------------------- weights by hand
 # rho = exp(old - mu): row 0 [3, 0.4, 1.5]; row 1 [6, 0.8] and padding holding a junk 100 (5 tokens)
@@ -15,7 +22,7 @@ MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
 
 @pytest.mark.parametrize("kind, want, frac", [
     ("tis", [[2, 0.4, 1.5], [2, 0.8]], 2 / 5),  # min(rho, 2): 3 and 6 capped
-    ("seq_tis", [[1.8, 1.8, 1.8], [2, 2]], 2 / 5),  # 3 * 0.4 * 1.5 = 1.8; 6 * 0.8 = 4.8 -> 2 (padding left out)
+    ("seq_tis", [[1.8, 1.8, 1.8], [2, 2]], 2 / 5),  # 3 * 0.4 * 1.5 = 1.8; 6 * 0.8 = 4.8 -> 2 (not the 100)
     ("icepop", [[3, 0, 1.5], [0, 0.8]], 2 / 5),  # outside [0.5, 5]: 0.4 and 6 masked
     ("decoupled", [[3, 0.4, 1.5], [0, 0.8]], 1 / 5),  # above 5: 6 masked
 ])
@@ -84,7 +91,140 @@ def test_gkd_by_hand(beta, want, grad):
 def test_gkd_against_itself_is_zero_with_zero_gradient(beta):
     torch.manual_seed(0)
     z = torch.randn(2, 3, 16, requires_grad=True)
-    loss, _ = L.gkd(torch.zeros(2, 3), torch.zeros(2, 3), torch.zeros(2), MASK, logits=z, teacher_logits=z.detach(),
-                    gkd_beta=beta)
+    lp = torch.zeros(2, 3)
+    loss, _ = L.gkd(lp, lp, torch.zeros(2), MASK, logits=z, teacher_logits=z.detach(), gkd_beta=beta)
     loss.backward()
     assert abs(loss.item()) < 1e-6 and z.grad.abs().max() < 1e-6
+
+# ----------------------------------------------------------------------------- rl.update
+
+
+def one_update(loss, model, batch, teacher=None, **kw):
+    """One rl.update on a copy of model -> (the copy, its stats)."""
+    m = copy.deepcopy(model)
+    cfg = rl.Config(loss=loss, group_size=4, **kw)
+    opt, ref = m.configure_optimizer(1e-2, 0.0, (0.9, 0.99)), copy.deepcopy(model).requires_grad_(False)
+    gen = torch.Generator().manual_seed(0)
+    return m, rl.update(m, ref, opt, dict(batch), cfg, L.resolve_hparams(loss), gen, 1e-2, teacher)
+
+
+@pytest.mark.parametrize("loss, fixes", [
+    ("grpo", [dict(rollout_is=k) for k in ("tis", "seq_tis", "icepop")] + [dict(decoupled=True)]),
+    ("dapo", [dict(rollout_is="icepop"), dict(decoupled=True, minibatches=2)]),
+    ("gspo", [dict(rollout_is="seq_tis")]),
+])
+def test_every_correction_is_the_identity_on_policy(loss, fixes):
+    """staleness 0, no bf16 sampler: pi_old = mu, every weight is exactly 1: today's update."""
+    model, batch = tiny_batch()
+    for fix in fixes:
+        base, want = one_update(loss, model, batch, minibatches=fix.get("minibatches", 1))
+        got, stats = one_update(loss, model, batch, **fix)
+        assert same_weights(base.state_dict(), got.state_dict(), tol=1e-6) and stats["rl/is_capped_frac"] == 0
+        assert {k: stats[k] for k in want} == pytest.approx(want, abs=1e-6)
+
+
+def test_stale_batch_trains_from_the_recomputed_pi_old_and_weighs_by_pi_old_over_mu():
+    """mu of row 0's first token set ln 3 below the trainer's: the loss's ratio is still 1 (to pi_old), the
+    gap |sum_t (pi_old - mu)| is ln 3 on that row, and tis caps that one token (weight 3 > 2)."""
+    model, batch = tiny_batch()
+    batch["logps"] = batch["logps"].clone()
+    batch["logps"][0, 0] -= math.log(3)
+    _, stats = one_update("grpo", model, batch, staleness=1, rollout_is="tis")
+    n = batch["response_mask"].sum().item()
+    assert stats["rl/ratio_max"] == pytest.approx(1, abs=1e-5)
+    assert stats["rl/old_mu_seq_max"] == pytest.approx(math.log(3), abs=1e-4)
+    assert stats["rl/old_mu_seq_mean"] == pytest.approx(math.log(3) / 16, abs=1e-4)
+    assert stats["rl/is_capped_frac"] == pytest.approx(1 / n)
+    assert stats["rl/logp_mismatch"] == pytest.approx(math.log(3), abs=1e-4)  # the trainer against mu
+
+
+@pytest.mark.parametrize("loss", ["opd", "gkd"])
+def test_distilling_from_itself_gives_zero_advantage_loss_and_gradient(loss):
+    """Teacher = student: A_t = -(log mu - log pi_T) is the sampler/trainer gap (~1e-7); gkd's is 0."""
+    model, batch = tiny_batch()
+    cfg, mask = rl.Config(loss=loss, group_size=4), batch["response_mask"][:, batch["prompt_len"]:].float()
+    _, adv, extra, _ = rl.prepare(model, None, model, dict(batch), cfg, L.resolve_hparams(loss), 4, 64, mask)
+    assert adv.shape == mask.shape and adv.abs().max() < 1e-5
+    assert ("teacher_logits" in extra) == (loss == "gkd")
+    _, stats = one_update(loss, model, batch, teacher=model)
+    assert abs(stats["rl/loss"]) < 1e-6 and stats["rl/grad_norm"] < 1e-5
+
+# ----------------------------------------------------------------------------- rl.py runs
+
+
+def test_staleness_trains_each_step_on_the_rollout_of_k_steps_earlier(sft_ckpt, tmp_path, monkeypatch,
+                                                                       varied_reward):  # noqa: F811
+    sampled, trained, collect, update = [], [], rl.collect, rl.update
+    monkeypatch.setattr(rl, "collect", lambda *a, **k: sampled.append(collect(*a, **k)) or sampled[-1])
+    monkeypatch.setattr(rl, "update", lambda m, r, o, b, *a: trained.append(b) or update(m, r, o, b, *a))
+    _, out = run(sft_ckpt, tmp_path, staleness=2, max_iters=4, eval_interval=4, dynamic_sampling=False)
+    assert len(sampled) == 4 and len(trained) == 2
+    assert trained[0] is sampled[0][0] and trained[1] is sampled[1][0]  # step 3: step 1's; step 4: step 2's
+    steps = [r for r in out if "rl/n_groups" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3, 4] and [("rl/loss" in r) for r in steps] == [0, 0, 1, 1]
+    assert all(r["rl/old_mu_seq_max"] > 0 for r in steps[2:])  # mu two updates behind pi_old
+
+
+def test_resume_with_staleness_is_exact(sft_ckpt, tmp_path, monkeypatch, varied_reward):  # noqa: F811
+    """Interrupted during step 4 of a staleness-2 run (its second update) and resumed: the queue of two
+    rollouts comes back from ckpt.pt (weights_only), so weights and metrics equal one whole run's."""
+    cfg = dict(TINY_RL, sft_ckpt=sft_ckpt, staleness=2, decoupled=True, max_iters=5, eval_interval=5,
+               ckpt_interval=100)
+    whole = rl.main(rl.Config(out_dir=str(tmp_path / "whole"), **cfg))
+    signal_on_call(monkeypatch, rl, "optimizer_step", 2)
+    rl.main(rl.Config(out_dir=str(tmp_path / "cut"), **cfg))
+    ck = load_checkpoint(str(tmp_path / "cut" / "ckpt.pt"))
+    assert ck["step"] == 4 and len(ck["ranks"][0]["fifo"]) == 2
+    monkeypatch.undo()
+    monkeypatch.setattr(rl, "exact_answer", lambda text, gold, reverse=False: float(text[:1] == "1"))
+    resumed = rl.main(rl.Config(out_dir=str(tmp_path / "cut"), resume=True, **cfg))
+    assert same_weights(whole["model"].state_dict(), resumed["model"].state_dict())
+    assert rows(tmp_path / "whole" / "metrics.jsonl") == rows(tmp_path / "cut" / "metrics.jsonl")
+    with pytest.raises(UserError, match=r"not a grpo run .* at staleness 1 .* staleness 2,"):
+        rl.main(rl.Config(out_dir=str(tmp_path / "cut"), resume=True, **{**cfg, "staleness": 1}))
+
+
+def test_bf16_sampler_opens_a_gap_the_trainer_measures(sft_ckpt, tmp_path, varied_reward):  # noqa: F811
+    _, out = run(sft_ckpt, tmp_path, sampler_bf16=True, rollout_is="icepop", max_iters=1, eval_interval=1,
+                 eval_samples=0, dynamic_sampling=False)
+    r = [r for r in out if "rl/loss" in r][0]
+    assert r["rl/logp_mismatch"] > 1e-3 and 0 < r["rl/logp_mismatch_mean"] < r["rl/logp_mismatch"]
+    assert 0 < r["rl/old_mu_seq_mean"] <= r["rl/old_mu_seq_max"] and 0 <= r["rl/is_capped_frac"] < 1
+    assert r["rl/ratio_max"] == pytest.approx(1, abs=1e-5)  # the clip's anchor is the trainer's pi_old
+
+
+def test_a_teacher_with_another_tokenizer_is_refused(sft_ckpt, tmp_path):  # noqa: F811
+    from model import GPT, GPTConfig
+    from tokenizer import CharTokenizer
+    tok = CharTokenizer("0123456789+*=-ab")
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=1, n_embd=8))
+    save_checkpoint(str(tmp_path / "t.pt"), model, None, {}, 0, tok)
+    with pytest.raises(UserError, match="t.pt: the teacher's tokenizer differs from the policy's"):
+        rl.main(rl.Config(loss="opd", sft_ckpt=sft_ckpt, teacher_ckpt=str(tmp_path / "t.pt"),
+                          out_dir=str(tmp_path / "o")))
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(loss="opd"), "opd distils a teacher: set --teacher_ckpt"),
+    (dict(loss="gkd"), "gkd distils a teacher: set --teacher_ckpt"),
+    (dict(loss="reinforce", rollout_is="tis"), "reweight a clipped policy ratio; reinforce has none"),
+    (dict(loss="opd", teacher_ckpt="t.pt", decoupled=True), "reweight a clipped policy ratio; opd has none"),
+    (dict(rollout_is="is"), "rollout_is must be none, tis, seq_tis or icepop, got is$"),
+    (dict(staleness=-1), "staleness must be >= 0, got -1"),
+    (dict(loss="rloo", staleness=2), "--staleness trains on old rollouts, .*; rloo has none"),
+    (dict(loss="dpo", staleness=1), "--staleness trains on old rollouts, .*; dpo has none"),
+    (dict(rollout_is="tis", decoupled=True), "--decoupled brings its own behaviour weight"),
+    (dict(loss="gspo", rollout_is="tis"), "gspo weighs whole sequences: only --rollout_is=seq_tis"),
+    (dict(loss="gmpo", decoupled=True), "gmpo weighs whole sequences"),
+    (dict(loss="gkd", teacher_ckpt="t.pt", gkd_beta=1.5), r"gkd_beta must be in \[0, 1\], got 1.5"),
+])
+def test_misuse_gets_one_clear_line(tmp_path, kw, msg):
+    with pytest.raises(UserError, match=msg):
+        rl.main(rl.Config(out_dir=str(tmp_path / "out"), **kw))
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_misuse_is_one_line():
+    r = cli("rl.py", "--loss=rloo", "--rollout_is=tis")
+    assert r.returncode == 2 and r.stderr.strip().splitlines() == [
+        "error: --rollout_is and --decoupled reweight a clipped policy ratio; rloo has none"]

@@ -44,7 +44,8 @@ def run(sft_ckpt, out, **kw):
 
 @pytest.mark.parametrize("loss", sorted(L.LOSSES))
 def test_every_loss_runs_and_logs(sft_ckpt, tmp_path, loss, varied_reward):
-    res, rows = run(sft_ckpt, tmp_path, loss=loss, dynamic_sampling=False)
+    teacher = dict(teacher_ckpt=sft_ckpt) if L.ALGOS[loss].advantage == "teacher" else {}  # opd, gkd
+    res, rows = run(sft_ckpt, tmp_path, loss=loss, dynamic_sampling=False, **teacher)
     train = [r for r in rows if "rl/reward_mean" in r]
     evals = [r for r in rows if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 2]
