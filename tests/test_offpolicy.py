@@ -61,7 +61,9 @@ def test_teacher_advantage_and_opd_by_hand():
 # ----------------------------------------------------------------------------- gkd by hand
 # student p = [0.7, 0.2, 0.1], teacher q = [0.2, 0.5, 0.3]:
 # KL(p||q) = 0.7 ln 3.5 + 0.2 ln 0.4 + 0.1 ln(1/3) = 0.583815; KL(q||p) = 0.2 ln(2/7) + 0.5 ln 2.5 + 0.3 ln 3
-# = 0.537176; b = 0.5: M = [0.45, 0.35, 0.2], KL(q||M) = 0.137791, KL(p||M) = 0.128045, JSD 0.132918.
+# = 0.537176; b = 0.5: M = [0.45, 0.35, 0.2], KL(q||M) = 0.137791, KL(p||M) = 0.128045, JSD 0.132918;
+# b = 0.25: M = 0.25 q + 0.75 p = [0.575, 0.275, 0.15], KL(q||M) = 0.295652, KL(p||M) = 0.033459,
+# JSD 0.099007.
 # d KL(p||q)/dz_j = p_j (ln(p_j/q_j) - KL); d KL(q||p)/dz = p - q.
 P, Q = torch.tensor([0.7, 0.2, 0.1]), torch.tensor([0.2, 0.5, 0.3])
 
@@ -71,6 +73,7 @@ P, Q = torch.tensor([0.7, 0.2, 0.1]), torch.tensor([0.2, 0.5, 0.3])
                      0.1 * (math.log(1 / 3) - 0.583815)]),
     (0.0, 0.537176, [0.5, -0.3, -0.2]),
     (0.5, 0.132918, None),
+    (0.25, 0.099007, None),  # TRL's weights: b on the teacher, 1 - b on the student
 ])
 def test_gkd_by_hand(beta, want, grad):
     """Position 0 holds the pair; position 1 is padding with other logits (left out); n_tokens 4 divides."""
@@ -138,6 +141,26 @@ def test_stale_batch_trains_from_the_recomputed_pi_old_and_weighs_by_pi_old_over
     assert stats["rl/logp_mismatch"] == pytest.approx(math.log(3), abs=1e-4)  # the trainer against mu
 
 
+@pytest.mark.parametrize("loss, fix, scale", [
+    ("grpo", dict(rollout_is="tis"), 2.0),  # rho = 10 on every token, capped at 2
+    ("grpo", dict(rollout_is="icepop"), 0.0),  # 10 > 5: every token masked
+    ("grpo", dict(decoupled=True), 0.0),  # pi_prox/mu = 10 > 5: masked
+    ("gspo", dict(rollout_is="seq_tis"), 2.0),  # 10^|y| capped at 2
+    ("grpo", dict(), 1.0),  # no correction: pi_old's clip alone
+])
+def test_the_weight_multiplies_the_update(loss, fix, scale):
+    """mu 10x below the trainer on every sampled token: at ratio 1 to the recomputed pi_old the gradient
+    is the on-policy one times the weight (grpo's KL term has no gradient at pi = ref)."""
+    model, batch = tiny_batch()
+    mask = batch["response_mask"][:, batch["prompt_len"]:].bool()
+    _, base = one_update(loss, model, batch)
+    stale = dict(batch, logps=torch.where(mask, batch["logps"] - math.log(10), 0.0))  # (N, L) mu
+    _, stats = one_update(loss, model, stale, staleness=1, **fix)
+    assert base["rl/grad_norm"] > 1e-3 and stats["rl/ratio_max"] == pytest.approx(1, abs=1e-5)
+    assert stats["rl/grad_norm"] == pytest.approx(scale * base["rl/grad_norm"], rel=1e-4, abs=1e-6)
+    assert stats.get("rl/is_capped_frac", 0) == (scale != 1)
+
+
 @pytest.mark.parametrize("loss", ["opd", "gkd"])
 def test_distilling_from_itself_gives_zero_advantage_loss_and_gradient(loss):
     """Teacher = student: A_t = -(log mu - log pi_T) is the sampler/trainer gap (~1e-7); gkd's is 0."""
@@ -163,6 +186,20 @@ def test_staleness_trains_each_step_on_the_rollout_of_k_steps_earlier(sft_ckpt, 
     steps = [r for r in out if "rl/n_groups" in r]
     assert [r["step"] for r in steps] == [1, 2, 3, 4] and [("rl/loss" in r) for r in steps] == [0, 0, 1, 1]
     assert all(r["rl/old_mu_seq_max"] > 0 for r in steps[2:])  # mu two updates behind pi_old
+
+
+def test_distillation_keeps_every_group_and_prompt(sft_ckpt, tmp_path, monkeypatch):  # noqa: F811
+    """opd and gkd need no reward: all-wrong groups, which dynamic sampling would drop, are trained on, and no
+    prompt is skipped for having been all-wrong."""
+    monkeypatch.setattr(rl, "exact_answer", lambda *a, **k: 0.0)
+    _, out = run(sft_ckpt, tmp_path, loss="opd", teacher_ckpt=sft_ckpt, max_iters=1, eval_interval=1,
+                 eval_samples=0)
+    r = [r for r in out if "rl/loss" in r][0]
+    assert r["rl/zero_std_frac"] == 1 and r["rl/n_groups"] == TINY_RL["prompts_per_step"]
+    assert r["rl/loss"] != 0
+    selects = [rl.setup(rl.Config(loss=loss, sft_ckpt=sft_ckpt, out_dir=str(tmp_path / loss),
+                                  teacher_ckpt=sft_ckpt)).sampler.selection for loss in ("gkd", "grpo")]
+    assert selects == [False, True]
 
 
 def test_resume_with_staleness_is_exact(sft_ckpt, tmp_path, monkeypatch, varied_reward):  # noqa: F811
