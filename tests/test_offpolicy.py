@@ -265,3 +265,29 @@ def test_cli_misuse_is_one_line():
     r = cli("rl.py", "--loss=rloo", "--rollout_is=tis")
     assert r.returncode == 2 and r.stderr.strip().splitlines() == [
         "error: --rollout_is and --decoupled reweight a clipped policy ratio; rloo has none"]
+
+# ----------------------------------------------------------------------------- bench/offpolicy.py
+
+
+def test_offpolicy_bench_runs_its_grid_and_tabulates(sft_ckpt, tmp_path):  # noqa: F811
+    from bench import offpolicy
+    cfg = offpolicy.Config(stalenesses="1", corrections="tis", bf16_row=False, seeds="1", max_iters=3,
+                           eval_interval=3, eval_samples=0, sft_ckpt=sft_ckpt, out_dir=str(tmp_path),
+                           rl_args="--prompts_per_step=4 --group_size=4 --dynamic_sampling=false")
+    res = offpolicy.main(cfg)
+    log = (tmp_path / "k1-tis" / "runs" / "grpo-s1" / "log.txt").read_text()
+    assert not res["failed"] and "--staleness=1 --rollout_is=tis" in log
+    row = res["table"][2].split(" | ")
+    assert row[0] == "| k=1 tis" and row[5].endswith("%") and float(row[6]) >= 0  # capped share, the gap
+    assert (tmp_path / "offpolicy.md").read_text().count("| k=1 tis |") == 1
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(corrections="tis,is"), "corrections of none, tis, seq_tis, icepop, decoupled; got \\['is'\\]"),
+    (dict(stalenesses="0,-2"), "need stalenesses >= 0"), (dict(stalenesses="a"), "comma-separated integers"),
+    (dict(rl_args="--staleness=3"), "--rl_args: --staleness=3 is set by each row"),
+])
+def test_offpolicy_bench_refuses_bad_grids(kw, msg):
+    from bench import offpolicy
+    with pytest.raises(UserError, match=msg):
+        offpolicy.main(offpolicy.Config(**kw))
