@@ -488,7 +488,9 @@ def gkd(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, *,
     m, _, _, ratio, _, _ = _prep(logp, old_logp, adv, mask)
     b, lp = hp["gkd_beta"], F.log_softmax(logits.float(), -1)        # (B, T, V) student
     lq = F.log_softmax(teacher_logits.detach().float(), -1)          # (B, T, V) teacher
-    kl = lambda a, c: (a.exp() * (a - c)).sum(-1)  # noqa: E731  KL(a || c) of log-probs -> (B, T)
+
+    def kl(a, c):  # KL(a || c) of log-probs (B, T, V) -> (B, T)
+        return (a.exp() * (a - c)).sum(-1)
     lm = torch.logaddexp(lq + math.log(b), lp + math.log(1 - b)) if 0 < b < 1 else None  # log M
     div = kl(lp, lq) if b == 1 else kl(lq, lp) if b == 0 else b * kl(lq, lm) + (1 - b) * kl(lp, lm)
     return masked_sum(div, m) / (n_tokens or m.sum().clamp_min(1)), _stats(ratio, m)
