@@ -289,8 +289,8 @@ def advantages(cfg, batch, hp, ref_logp):
         return L.teacher_advantages(batch["logps"], batch["teacher_logps"], mask), extra
     if kind in ("gae", "rpp", "rpp_baseline"):  # token rewards -beta*k1 + score at the end, whitened:
         lp, gae = batch["logps"], kind == "gae"  # PPO as InstructGPT: GAE; REINFORCE++: return-to-go
-        if kind == "rpp_baseline":
-            R = R - R.view(-1, G).mean(1).repeat_interleave(G)
+        if kind == "rpp_baseline":  # R - its group's mean (Dr. GRPO's advantage), then the pipeline
+            R = L.group_advantages(R.view(-1, G), "mean").flatten()
         rewards = L.kl_in_reward(R, lp, ref_logp if hp["beta"] else lp, mask, hp["beta"])  # (N, L)
         v = batch["values"] if gae else torch.zeros_like(rewards)  # V = 0, gamma = lam = 1: return-to-go
         adv, returns = L.gae(rewards, v, mask, *((hp["gamma"], hp["lam"]) if gae else (1.0, 1.0)))
