@@ -3,8 +3,8 @@ The GPT (nanoGPT-style, GPT-2 names), its KV cache and the batched sampler.
 
 `GPT.forward` returns logits for every position (B, T, V): RL needs each token's log-prob. Prompts
 are left-padded; `offsets` (B,) counts each row's pad tokens, so positions restart at its first
-real token and pad keys are masked out. `generate` prefills each prompt once, expands it to G rows
-of the KV cache and decodes one token at a time, returning the log-prob of every sampled token.
+real token and pad keys are masked out. `generate` prefills each prompt once into the KV cache of
+its G rows and decodes one token at a time, returning the log-prob of every sampled token.
 An optional scalar head on the last hidden state is PPO's value head or the reward model's head.
 """
 import hashlib
@@ -26,6 +26,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     scalar_head: bool = False  # value head (PPO) / reward head (reward model)
+    gelu: str = "none"  # exact (erf) GELU as nanoGPT; "tanh": GPT-2's approximation, 3-4x slower on CPU
 
 
 class KVCache:
@@ -33,20 +34,19 @@ class KVCache:
 
     def __init__(self, cfg, batch_size, max_len, device, dtype):
         shape = (cfg.n_layer, batch_size, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        self.k = torch.empty(shape, device=device, dtype=dtype)  # read only where written
+        self.v = torch.empty(shape, device=device, dtype=dtype)
         self.pos = 0  # number of positions already written
 
     def update(self, layer, k, v):
-        T = k.size(2)
-        self.k[layer, :, :, self.pos:self.pos + T] = k
-        self.v[layer, :, :, self.pos:self.pos + T] = v
+        """k, v (b, nh, T, hd). b = B / G < B: a prefill that each group of G consecutive rows shares,
+        written to all G of them (no copy of the whole cache later) and attended to as it is."""
+        T, G = k.size(2), self.k.size(1) // k.size(0)
+        for buf, new in ((self.k, k), (self.v, v)):
+            buf[layer].unflatten(0, (-1, G))[:, :, :, self.pos:self.pos + T] = new[:, None]
+        if G > 1:
+            return k, v
         return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
-
-    def expand(self, G):
-        """Each row becomes G consecutive rows (one prefill per prompt, G samples from it)."""
-        self.k = self.k.repeat_interleave(G, dim=1)
-        self.v = self.v.repeat_interleave(G, dim=1)
 
 
 class PrefixKV:
@@ -83,13 +83,16 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, nh, pos+T, hd)
-        # eval on CPU (every RL log-prob): float64 attention, so the cached decode and the full
-        # forward, different fp32 kernels, round to the same log-probs (sampler == trainer)
-        if not self.training and x.device.type == "cpu" and x.dtype == torch.float32:
-            q, k, v = q.double(), k.double(), v.double()
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        y = y.to(x.dtype).transpose(1, 2).contiguous().view(B, T, C)
+        if x.device.type == "cpu" and T > 1:  # short sequences on CPU: plain matmuls run forward and
+            if mask is None:  # backward 2-3x faster than the fused kernel (bench/README.md)
+                mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+            att = (q @ k.transpose(-2, -1)) * k.size(-1) ** -0.5  # (B, nh, T, L)
+            att = att.masked_fill(~mask, float("-inf")).softmax(-1)
+            y = F.dropout(att, self.dropout, self.training) @ v  # (B, nh, T, hd)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
+                                               dropout_p=self.dropout if self.training else 0.0)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
 
@@ -99,9 +102,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.gelu = cfg.gelu
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.gelu)))
 
 
 class Block(nn.Module):
@@ -189,7 +193,7 @@ class GPT(nn.Module):
                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
         if head:  # PPO's value head starts at zero and must catch up with the returns: a larger lr
             groups.append({"params": list(head), "weight_decay": 0.0, "lr_scale": head_lr_scale})
-        return torch.optim.AdamW(groups, lr=lr, betas=betas)
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)  # one kernel, not one per tensor
 
 
 def seeded(device, *key):
@@ -237,11 +241,9 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
     seq = torch.tensor([[pad_id] * (P - len(p)) + p for p in prompts], device=device)  # (B, P)
     offsets = torch.tensor([P - len(p) for p in prompts], device=device)  # (B,)
     dtype = model.lm_head.weight.dtype
-    cache = KVCache(model.config, B, P + max_new_tokens, device, dtype) if use_cache else None
-    logits = model(seq, offsets, cache)[:, -1]  # (B, V) one prefill per prompt
+    cache = KVCache(model.config, B * G, P + max_new_tokens, device, dtype) if use_cache else None
+    logits = model(seq, offsets, cache)[:, -1]  # (B, V) one prefill per prompt, cached for its G rows
     seq, offsets, logits = (t.repeat_interleave(G, dim=0) for t in (seq, offsets, logits))
-    if cache is not None:
-        cache.expand(G)
     done, toks, logps, masks = torch.zeros(B * G, dtype=torch.bool, device=device), [], [], []
     for t in range(max_new_tokens):
         tok, logp_all = sample_next(logits, temperature, top_k, generator)
