@@ -60,7 +60,7 @@ def pack(rows, pad_id):
 
 @torch.no_grad()
 def evaluate(model, tok, problems, reverse, max_new_tokens, n_samples=0, temperature=1.0, k=8,
-             batch_size=64, generator=None, prefix="eval", n_show=3, verifier=exact_answer):
+             batch_size=256, generator=None, prefix="eval", n_show=3, verifier=exact_answer):
     """Greedy accuracy on problems [(prompt, answer)] under `verifier`; with n_samples > 0 also
     pass@1 and pass@k (n_samples per problem at `temperature`; pass@n_samples when fewer than k),
     batch_size rows per sampler call at most. Returns (metrics, a few examples)."""

@@ -76,7 +76,7 @@ class Config:
     ppo_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch
     micro_batch_size: int = 64  # rows per training forward/backward: memory, not the math
-    sample_batch_size: int = 64  # rows per sampler call: speed against memory (bench/README.md)
+    sample_batch_size: int = 256  # rows per sampler call: speed against memory (bench/README.md)
     staleness: int = 0  # train each step on the rollout sampled this many steps earlier (async RL)
     sampler_bf16: bool = False  # rollouts under bf16 autocast, updates in fp32: a known sampler gap
     rollout_is: str = "none"  # tis, seq_tis, icepop: weight pi_old/mu of each token (losses.rollout_weights)

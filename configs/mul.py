@@ -6,3 +6,4 @@ lr = 1e-3
 min_lr = 1e-3  # = lr: constant after warmup, so the model stays high-entropy for RL
 max_iters = 2600
 target_val_accuracy = 0.55
+eval_interval = 1000  # the test split's greedy + pass@8 (val accuracy: every val_interval=50 steps)
