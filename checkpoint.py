@@ -82,7 +82,7 @@ def model_from_checkpoint(ckpt, path="checkpoint", scalar_head=None):
     """(model, tokenizer) from a loaded checkpoint; scalar_head=True adds a fresh scalar head if
     it has none (a reward model or value head started from the SFT policy)."""
     try:
-        cfg = GPTConfig(**{"gelu": "tanh", **ckpt["model_args"]})  # saved before the field: tanh
+        cfg = GPTConfig(**ckpt["model_args"])
         tok = tokenizers.from_dict(ckpt["tokenizer"])
     except (TypeError, tokenizers.TokenizerError) as e:
         raise CheckpointError(f"{path}: incompatible checkpoint ({e})") from None

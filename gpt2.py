@@ -39,7 +39,7 @@ def from_pretrained(name_or_path, block_size=None, dropout=0.0):
         raise CheckpointError(f"could not load Hugging Face GPT-2 weights from {where}: "
                               f"{one_line(e)}") from None
     c = hf.config
-    expect = {"activation_function": ("gelu_new", "gelu_pytorch_tanh", "gelu"),
+    expect = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"),
               "layer_norm_epsilon": (1e-5,), "n_inner": (None, 4 * c.n_embd),
               "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,),
               "add_cross_attention": (False,), "tie_word_embeddings": (True,)}
@@ -52,8 +52,7 @@ def from_pretrained(name_or_path, block_size=None, dropout=0.0):
         raise CheckpointError(f"{name_or_path}: block_size={block_size} exceeds its "
                               f"n_positions={c.n_positions}")
     model = GPT(GPTConfig(block_size=block_size, vocab_size=c.vocab_size, n_layer=c.n_layer,
-                          n_head=c.n_head, n_embd=c.n_embd, dropout=dropout, bias=True,
-                          gelu="none" if c.activation_function == "gelu" else "tanh"))
+                          n_head=c.n_head, n_embd=c.n_embd, dropout=dropout, bias=True))
     src = hf.state_dict()
     src.setdefault("lm_head.weight", src["transformer.wte.weight"])  # tied
     state = {}

@@ -26,7 +26,6 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     scalar_head: bool = False  # value head (PPO) / reward head (reward model)
-    gelu: str = "none"  # exact (erf) GELU as nanoGPT; "tanh": GPT-2's approximation, 3-4x slower on CPU
 
 
 class KVCache:
@@ -102,10 +101,9 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.gelu = cfg.gelu
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.gelu)))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
 
 
 class Block(nn.Module):
