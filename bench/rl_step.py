@@ -3,10 +3,12 @@ Time GRPO steps of the default model: rollout vs update, median over steps after
 
     python bench/rl_step.py [--threads=1] [--prompts_per_step=8] [--group_size=8] [--max_new_tokens=8]
                             [--beta=0.04] [--steps=20] [--sft_ckpt=out/sft-mul/ckpt.pt]
+                            [--sample_batch_size=256] [--profile=true]
 
 Uses the SFT checkpoint when it exists (realistic response lengths and rewards), else a freshly
-initialised default model. Runs the real rl.collect / rl.update. The last line is
-`median_step_s=<seconds>`, the number the speed work compares.
+initialised default model. Runs the real rl.collect / rl.update (no dynamic sampling). Prints the
+rollout's sampled tokens/s and `median_step_s=<seconds>`, the number the speed work compares; with
+--profile, then each phase's share of a step and the top ops.
 """
 import copy
 import os
@@ -37,6 +39,8 @@ class Config:
     steps: int = 20
     warmup: int = 3
     sft_ckpt: str = "out/sft-mul/ckpt.pt"
+    sample_batch_size: int = 256  # rl.py's default
+    profile: bool = False  # then also: where a step's time goes (cProfile phases, torch.profiler ops)
 
 
 def main(b):
@@ -50,7 +54,8 @@ def main(b):
         tok = CharTokenizer(ALPHABET)
         model, reverse, what = GPT(GPTConfig(vocab_size=tok.vocab_size)), True, "fresh default model"
     cfg = rl.Config(loss="grpo", prompts_per_step=b.prompts_per_step, group_size=b.group_size,
-                    max_new_tokens=b.max_new_tokens, beta=b.beta, prompt_selection=False)
+                    max_new_tokens=b.max_new_tokens, beta=b.beta, prompt_selection=False,
+                    sample_batch_size=b.sample_batch_size)
     hp = L.resolve_hparams("grpo", beta=b.beta)
     train = load_problems(ensure_data("mul") / "train.txt")
     ref = copy.deepcopy(model).eval().requires_grad_(False)
@@ -58,21 +63,59 @@ def main(b):
     opt = model.configure_optimizer(1e-5, 0.0, (0.9, 0.99))
     gen = torch.Generator().manual_seed(0)
     prompts = rl.PromptSampler(len(train), 1, False)
-    roll, upd = [], []
-    for i in range(b.warmup + b.steps):
+    roll, upd, tokens = [], [], []
+
+    def one_step():
         t0 = time.perf_counter()
         batch, _ = rl.collect(model, tok, train, prompts, cfg, gen, reverse, dyn=False)
         t1 = time.perf_counter()
         rl.update(model, ref, opt, batch, cfg, hp, gen, lr=1e-5)
-        t2 = time.perf_counter()
+        tokens.append(batch["response_mask"].sum().item())  # sampled tokens, EOS included
+        return t1 - t0, time.perf_counter() - t1
+
+    for i in range(b.warmup + b.steps):
+        r, u = one_step()
         if i >= b.warmup:
-            roll.append(t1 - t0)
-            upd.append(t2 - t1)
+            roll.append(r)
+            upd.append(u)
+    rate = statistics.median(n / r for n, r in zip(tokens[b.warmup:], roll))
     step = [r + u for r, u in zip(roll, upd)]
     print(f"GRPO step, {what}, {b.threads} threads, {b.prompts_per_step} prompts x {b.group_size} samples, "
           f"<= {b.max_new_tokens} new tokens, beta {b.beta}, median of {b.steps} steps")
-    print(f"rollout_s={statistics.median(roll):.4f} update_s={statistics.median(upd):.4f}")
+    print(f"rollout_s={statistics.median(roll):.4f} update_s={statistics.median(upd):.4f} "
+          f"rollout_tokens_per_s={rate:.0f}")
     print(f"median_step_s={statistics.median(step):.4f}")
+    if b.profile:
+        profile(one_step, b.steps)
+
+
+PHASES = {"rollout: sampler": "model.py:.*\\(generate\\)", "rollout: grading": "rl.py:.*\\(rollout\\)",
+          "update: reference forward": "rl.py:.*\\(frozen_logps\\)",
+          "update: policy forward": "rl.py:.*\\(policy_logps\\)", "update: backward": "method 'run_backward'",
+          "update: optimizer": "policy.py:.*\\(optimizer_step\\)", "update: all": "rl.py:.*\\(update\\)",
+          "step": "one_step"}
+
+
+def profile(one_step, n):
+    """Per phase (cProfile, cumulative; grading = rollout less the sampler, policy forward less the
+    no-grad ones) and per op (torch.profiler, self time), per step."""
+    import cProfile
+    import pstats
+    import re
+    from torch.profiler import profile as torch_profile
+    cp = cProfile.Profile()
+    cp.runcall(lambda: [one_step() for _ in range(n)])
+    stats = pstats.Stats(cp).stats  # {(file, line, name): (cc, nc, tt, ct, callers)}
+    cum = {k: sum(v[3] for f, v in stats.items() if re.search(pat, f"{f[0]}:{f[1]}({f[2]})"))
+           for k, pat in PHASES.items()}
+    cum["rollout: grading"] -= cum["rollout: sampler"]
+    cum["update: policy forward"] -= cum["update: reference forward"]
+    for k, v in cum.items():
+        print(f"{k:28s} {1e3 * v / n:8.1f} ms  {100 * v / cum['step']:5.1f}%")
+    with torch_profile() as p:
+        for _ in range(n):
+            one_step()
+    print(p.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 
 if __name__ == "__main__":

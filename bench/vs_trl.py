@@ -14,7 +14,8 @@ flag, so it holds for both (off, TRL's backward ran ~10x slower in a probe).
 The sides interleave: a TrainerCallback runs one of our steps (rl.collect + rl.update, what rl.py
 runs) after each TRL step, so both see the same machine load. A TRL step is the time between
 two of its on_step_end calls, less our step in between. Prints the medians after the warm-up,
-each side's rollout/update split and ratio = TRL / ours. --only=ours|trl runs one side alone
+each side's rollout/update split, ratio = TRL / ours, and each side against the
+FLOP limit (our step's FLOPs at this machine's GEMM rate). --only=ours|trl runs one side alone
 and adds its peak RSS (ru_maxrss), which in a shared process would be the larger side's.
 """
 import copy
@@ -185,6 +186,27 @@ def main(b):
         print(f"peak_rss_mib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} ({b.only} alone)")
     else:
         print(f"ratio={med(theirs, 'step') / med(ours, 'step'):.2f}x (TRL step / our step)")
+    if b.only != "trl":  # how far each side is from what the arithmetic alone would take
+        limit = flop_limit(our_step)
+        print(f"flop_limit={limit:.4f} s: ours {med(ours, 'step') / limit:.2f}x it"
+              + (f", TRL {med(theirs, 'step') / limit:.2f}x" if theirs["step"] else ""))
+
+
+def flop_limit(step):
+    """Seconds one of our steps would take at this machine's GEMM rate: the step's FLOPs (matmuls and
+    attention, forward and backward, counted by torch's FlopCounterMode) over the rate of a
+    (4096 x 128) @ (128 x 512) matmul, the model's own shape, median of 100."""
+    from torch.utils.flop_counter import FlopCounterMode
+    with FlopCounterMode(display=False) as counter:
+        step()
+    a, w, times = torch.randn(4096, 128), torch.randn(128, 512), []
+    for _ in range(105):
+        t = time.perf_counter()
+        a @ w
+        times.append(time.perf_counter() - t)
+    rate = 2 * 4096 * 128 * 512 / statistics.median(times[5:])  # after a warm-up
+    print(f"our step: {counter.get_total_flops() / 1e9:.2f} GFLOP; GEMM rate {rate / 1e9:.0f} GFLOP/s")
+    return counter.get_total_flops() / rate
 
 
 if __name__ == "__main__":
