@@ -15,7 +15,7 @@ from checkpoint import load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_SFT = dict(n_layer=1, n_head=2, n_embd=32, batch_size=64, lr=3e-3, warmup_iters=5, eval_interval=100,
-                eval_samples=0, threads=1, max_iters=120)
+                eval_samples=0, threads=1, max_iters=120, bf16=False)  # fp32 on every CPU: one checkpoint
 TINY_RL = dict(max_iters=2, eval_interval=2, prompts_per_step=4, group_size=4, eval_samples=2, threads=1)
 LOGGED_KEYS = ["rl/reward_mean", "rl/accuracy", "rl/entropy", "rl/clipfrac_low", "rl/clipfrac_high", "rl/ratio_max",
               "rl/resp_len", "rl/truncated_frac", "rl/zero_std_frac", "rl/grad_norm", "rl/logp_mismatch",
