@@ -3,8 +3,9 @@ The GPT (nanoGPT-style, GPT-2 names), its KV cache and the batched sampler.
 
 `GPT.forward` returns logits for every position (B, T, V): RL needs each token's log-prob. Prompts
 are left-padded; `offsets` (B,) counts each row's pad tokens, so positions restart at its first
-real token and pad keys are masked out. `generate` prefills each prompt once into the KV cache of
-its G rows and decodes one token at a time, returning the log-prob of every sampled token.
+real token and pad keys are masked out. `generate` prefills each prompt once and decodes one token
+at a time, returning the log-prob of every sampled token; rows that share a prefix share its
+forward and KV cache row (`response_forward` does the same for training: identical rows run once).
 An optional scalar head on the last hidden state is PPO's value head or the reward model's head.
 """
 import hashlib
@@ -29,7 +30,8 @@ class GPTConfig:
 
 
 class KVCache:
-    """Preallocated keys/values for every layer: (n_layer, B, n_head, max_len, head_dim)."""
+    """Preallocated keys/values for every layer: (n_layer, B, n_head, max_len, head_dim), one row per
+    distinct prefix; `select` keeps the rows the next step extends (a row that forks is copied)."""
 
     def __init__(self, cfg, batch_size, max_len, device, dtype):
         shape = (cfg.n_layer, batch_size, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
@@ -38,20 +40,21 @@ class KVCache:
         self.pos = 0  # number of positions already written
 
     def update(self, layer, k, v):
-        """k, v (b, nh, T, hd). b = B / G < B: a prefill that each group of G consecutive rows shares,
-        written to all G of them (no copy of the whole cache later) and attended to as it is."""
-        T, G = k.size(2), self.k.size(1) // k.size(0)
-        for buf, new in ((self.k, k), (self.v, v)):
-            buf[layer].unflatten(0, (-1, G))[:, :, :, self.pos:self.pos + T] = new[:, None]
-        if G > 1:
-            return k, v
-        return self.k[layer, :, :, :self.pos + T], self.v[layer, :, :, :self.pos + T]
+        """k, v (B, nh, T, hd) -> every key and value so far (B, nh, pos+T, hd)."""
+        end = self.pos + k.size(2)
+        self.k[layer, :, :, self.pos:end], self.v[layer, :, :, self.pos:end] = k, v
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+
+    def select(self, rows):
+        """Keep the cache rows `rows` (U,), in that order; a row may repeat."""
+        if len(rows) != self.k.size(1) or not torch.equal(rows, torch.arange(len(rows), device=rows.device)):
+            self.k, self.v = self.k[:, rows], self.v[:, rows]
 
 
 class PrefixKV:
     """The training-side cache: each prompt's keys/values, computed once with gradient, expanded to
-    its G rows for the responses to attend to. Kept as tensors, not written in place (a
-    preallocated KVCache would break autograd), so gradients from all G rows reach the prompt."""
+    its rows for the responses to attend to. Kept as tensors, not written in place (a
+    preallocated KVCache would break autograd), so gradients from all its rows reach the prompt."""
 
     def __init__(self):
         self.k, self.v, self.pos = [], [], 0
@@ -63,9 +66,9 @@ class PrefixKV:
             return k, v
         return torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)  # (N, nh, P+T, hd)
 
-    def expand(self, G):
-        self.k = [t.repeat_interleave(G, dim=0) for t in self.k]
-        self.v = [t.repeat_interleave(G, dim=0) for t in self.v]
+    def expand(self, counts):  # counts (n,): rows of each prompt
+        self.k = [t.repeat_interleave(counts, dim=0) for t in self.k]
+        self.v = [t.repeat_interleave(counts, dim=0) for t in self.v]
 
 
 class CausalSelfAttention(nn.Module):
@@ -239,12 +242,13 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
     seq = torch.tensor([[pad_id] * (P - len(p)) + p for p in prompts], device=device)  # (B, P)
     offsets = torch.tensor([P - len(p) for p in prompts], device=device)  # (B,)
     dtype = model.lm_head.weight.dtype
-    cache = KVCache(model.config, B * G, P + max_new_tokens, device, dtype) if use_cache else None
-    logits = model(seq, offsets, cache)[:, -1]  # (B, V) one prefill per prompt, cached for its G rows
-    seq, offsets, logits = (t.repeat_interleave(G, dim=0) for t in (seq, offsets, logits))
+    cache = KVCache(model.config, B, P + max_new_tokens, device, dtype) if use_cache else None
+    logits = model(seq, offsets, cache)[:, -1]  # (B, V) one prefill per prompt, shared by its G rows
+    node, node_off = torch.arange(B, device=device).repeat_interleave(G), offsets  # (N,) row -> prefix
+    seq, offsets = seq.repeat_interleave(G, dim=0), offsets.repeat_interleave(G, dim=0)  # (N, P), (N,)
     done, toks, logps, masks = torch.zeros(B * G, dtype=torch.bool, device=device), [], [], []
     for t in range(max_new_tokens):
-        tok, logp_all = sample_next(logits, temperature, top_k, generator)
+        tok, logp_all = sample_next(logits[node], temperature, top_k, generator)
         tok = torch.where(done, pad_id, tok)  # (N,)
         toks.append(tok)
         masks.append(~done)
@@ -252,33 +256,42 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
         done = done | (tok == eos_id)
         if bool(done.all()) or t == max_new_tokens - 1:
             break
-        seq = torch.cat([seq, tok[:, None]], dim=1)
-        logits = (model(tok[:, None], offsets, cache) if cache is not None else model(seq, offsets))[:, -1]
+        if cache is None:
+            seq = torch.cat([seq, tok[:, None]], dim=1)
+            logits, node = model(seq, offsets)[:, -1], torch.arange(B * G, device=device)
+            continue
+        # rows with equal prefixes (a peaked policy repeats itself) share one forward and one cache row
+        key = torch.where(done, -1, node * logits.size(-1) + tok)  # (N,) prefix id, finished rows -1
+        uniq, node = torch.unique(key, return_inverse=True)  # (U,) sorted
+        parent, new = uniq[uniq >= 0] // logits.size(-1), uniq[uniq >= 0] % logits.size(-1)
+        node = node - int(uniq[0] < 0)  # finished rows point at -1: their logits go unused
+        cache.select(parent)
+        node_off = node_off[parent]
+        logits = model(new[:, None], node_off, cache)[:, -1]  # (U, V)
     model.train(was_training)
     prompt, mask = seq[:, :P], torch.stack(masks, 1).long()  # (N, P), (N, L)
     return dict(ids=torch.cat([prompt, torch.stack(toks, 1)], 1), logps=torch.stack(logps, 1),
                 response_mask=torch.cat([torch.zeros_like(prompt), mask], 1), offsets=offsets, prompt_len=P)
 
 
-def response_forward(model, ids, offsets, P, G=1, return_scalar=False):
+def response_forward(model, ids, offsets, P, return_scalar=False):
     """model(ids, offsets)[:, P-1:-1]: the logits that score each response token (N, L, V) of ids
-    (N, P+L), and the scalar head there (N, L) with return_scalar. With G > 1 the rows come in
-    groups of G sharing a prompt, as `generate` returns them: each prompt runs once and its keys and
-    values are expanded to its G rows (PrefixKV), so the gradient still flows through the prompt."""
-    if G == 1:
-        out = model(ids, offsets, return_scalar=return_scalar)
-        return tuple(t[:, P - 1:-1] for t in out) if return_scalar else out[:, P - 1:-1]
-    prompts = ids[::G, :P]  # (n, P)
-    if ids.size(0) % G or not bool((ids[:, :P].view(-1, G, P) == prompts[:, None]).all()):
-        raise ValueError(f"rows do not come in groups of G={G} sharing a prompt")
-    cache = PrefixKV()
-    first = model(prompts, offsets[::G], cache, return_scalar)  # (n, P, V) [, (n, P)]
-    first = (first,) if not return_scalar else first
-    parts = [[t[:, -1:].repeat_interleave(G, dim=0)] for t in first]  # position P-1 of each row
+    (N, P+L), and the scalar head there (N, L) with return_scalar. Each distinct row runs once (a
+    peaked policy repeats its samples: often 3-6 of every 16 differ) and each distinct prompt once,
+    its keys and values expanded to its rows (PrefixKV); the outputs are indexed back to all N rows,
+    so duplicates' gradients add up and still flow through the prompt."""
+    uniq, inv = torch.unique(ids, dim=0, return_inverse=True)  # (U, P+L) sorted: a prompt's rows adjacent
+    first = torch.empty(len(uniq), dtype=torch.long, device=ids.device)
+    off = offsets[first.scatter_(0, inv, torch.arange(len(ids), device=ids.device))]  # (U,) a row of each
+    counts = torch.unique_consecutive(uniq[:, :P], dim=0, return_counts=True)[1]  # (n,) rows per prompt
+    cache, starts = PrefixKV(), counts.cumsum(0) - counts
+    heads = model(uniq[starts, :P], off[starts], cache, return_scalar)  # (n, P, V) [, (n, P)]
+    heads = heads if return_scalar else (heads,)
+    parts = [[t[:, -1:].repeat_interleave(counts, dim=0)] for t in heads]  # position P-1 of each row
     if ids.size(1) > P + 1:
-        cache.expand(G)
-        rest = model(ids[:, P:-1], offsets, cache, return_scalar)  # (N, L-1, V) [, (N, L-1)]
+        cache.expand(counts)
+        rest = model(uniq[:, P:-1], off, cache, return_scalar)  # (U, L-1, V) [, (U, L-1)]
         for part, t in zip(parts, rest if return_scalar else (rest,)):
             part.append(t)
-    out = tuple(torch.cat(part, dim=1) for part in parts)
+    out = tuple(torch.cat(part, dim=1)[inv] for part in parts)
     return out if return_scalar else out[0]

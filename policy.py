@@ -71,7 +71,7 @@ def eval_kl(model, ref, tok, problems, reverse, cfg, gen, n=256):
         out = generate(model, prompts[i:i + k], cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=4,
                        temperature=cfg.temperature, generator=gen)
         P, mask = out["prompt_len"], out["response_mask"][:, out["prompt_len"]:]  # mask (n, L)
-        ref_lp = L.token_logps(response_forward(ref, out["ids"], out["offsets"], P, 4), out["ids"][:, P:],
+        ref_lp = L.token_logps(response_forward(ref, out["ids"], out["offsets"], P), out["ids"][:, P:],
                                mask, cfg.temperature)  # (n, L)
         kl += L.masked_sum(L.kl_estimate(out["logps"], ref_lp, "k3"), mask).item()
         resp = responses(out)

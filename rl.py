@@ -313,42 +313,42 @@ def advantages(cfg, batch, hp, ref_logp):
     return L.group_advantages(R, kind).flatten(), extra  # (N,)
 
 
-def policy_logps(model, ids, offsets, full_mask, P, temperature, values=False, G=1):
+def policy_logps(model, ids, offsets, full_mask, P, temperature, values=False):
     """Trainer-side log-probs of the response tokens (N, L), the logits that score them (N, L, V) and,
     with values=True, PPO's values V_t = head(h_t) * pi(y_<t | x) (N, L): an exact-match return is 0
     once a token is wrong, so the value scales with the policy's probability of the path so far.
-    G > 1: rows come in groups of G sharing a prompt, which runs once."""
-    out = response_forward(model, ids, offsets, P, G, return_scalar=values)
+    Identical rows and prompts run once (model.response_forward)."""
+    out = response_forward(model, ids, offsets, P, return_scalar=values)
     logits, v = out if values else (out, None)
     logp = L.token_logps(logits, ids[:, P:], full_mask[:, P:], temperature)  # (N, L)
     return logp, logits, (v * L.prefix_prob(logp.detach()) if values else None)
 
 
 @torch.no_grad()
-def frozen_logps(model, batch, temperature, G, rows, values=False, logits=False):
+def frozen_logps(model, batch, temperature, rows, values=False, logits=False):
     """policy_logps of a rollout without gradient, `rows` rows (whole groups) at a time: memory
     -> (logp (N, L), values (N, L) or None, tempered logits (N, L, V) or None)."""
     ids, offsets, mask, P = batch["ids"], batch["offsets"], batch["response_mask"], batch["prompt_len"]
     parts = [policy_logps(model, ids[i:i + rows], offsets[i:i + rows], mask[i:i + rows], P, temperature,
-                          values, G) for i in range(0, ids.size(0), rows)]
+                          values) for i in range(0, ids.size(0), rows)]
     return (torch.cat([p[0] for p in parts]), torch.cat([p[2] for p in parts]) if values else None,
             torch.cat([p[1] for p in parts]) / temperature if logits else None)
 
 
-def prepare(model, ref, teacher, batch, cfg, hp, G, rows, mask):
+def prepare(model, ref, teacher, batch, cfg, hp, rows, mask):
     """A rollout's inputs before its first step -> (ref_logp (N, L) if a KL term needs it, advantages
     times the weight of --rollout_is / --decoupled (losses.rollout_weights), advantages' extras, stats).
     Into batch: PPO's V_old; the teacher's log-probs (gkd: logits); when mu, the sampler, can differ
     from the trainer, pi_old as "logps" (recomputed; opd keeps mu) and mu as "mu_logps"."""
-    ref_logp = frozen_logps(ref, batch, cfg.temperature, G, rows)[0] if hp.get("beta") else None
+    ref_logp = frozen_logps(ref, batch, cfg.temperature, rows)[0] if hp.get("beta") else None
     recompute, stats = (cfg.staleness or cfg.sampler_bf16) and not distills(cfg), {}
     if cfg.loss == "ppo" or recompute:
-        lp, v, _ = frozen_logps(unwrap(model), batch, cfg.temperature, G, rows, cfg.loss == "ppo")
+        lp, v, _ = frozen_logps(unwrap(model), batch, cfg.temperature, rows, cfg.loss == "ppo")
         if v is not None:  # the rollout's values V_old, from the same forward shape as the update's
             batch["values"] = torch.where(mask.bool(), v, 0.0)
     if teacher is not None:
         batch["teacher_logps"], _, batch["teacher_logits"] = frozen_logps(
-            teacher, batch, cfg.temperature, G, rows, logits=cfg.loss == "gkd")
+            teacher, batch, cfg.temperature, rows, logits=cfg.loss == "gkd")
     if recompute:  # the gap |sum_t (log pi_old - log mu)| per sequence (N,)
         gap = L.masked_sum(lp - batch["logps"], mask, 1).abs()
         batch.update(mu_logps=batch["logps"], logps=lp)
@@ -370,7 +370,7 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr, teacher=None):
     G, ppo, N = cfg.group_size, cfg.loss == "ppo", batch["ids"].size(0)
     rows = max(G, cfg.micro_batch_size // G * G)  # micro-batches of whole groups
     mask = batch["response_mask"][:, batch["prompt_len"]:].float()  # (N, L) response tokens incl. EOS
-    ref_logp, adv, extra, pre = prepare(model, ref, teacher, batch, cfg, hp, G, rows, mask)
+    ref_logp, adv, extra, pre = prepare(model, ref, teacher, batch, cfg, hp, rows, mask)
     fewest = -int(all_reduce(-N, "max").item())  # rows on the emptiest rank
     if fewest < cfg.minibatches:
         raise UserError(f"minibatches={cfg.minibatches} but a rank holds only {fewest} rows this step "
@@ -390,15 +390,15 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr, teacher=None):
         perm = torch.randperm(N, generator=gen, device=gen.device) if cfg.minibatches > 1 else torch.arange(N)
         for mb in perm.tensor_split(cfg.minibatches):  # exactly minibatches parts
             counts = all_reduce([mask[mb].sum().item(), float(len(mb))]).clamp_min(1).tolist()  # every rank's
-            total, kept, g = 0.0, [], G if cfg.minibatches == 1 else 1  # shuffled rows hold no whole groups
+            total, kept = 0.0, []
             if cfg.loss in ("clip_cov", "kl_cov"):  # their token selection spans the minibatch
                 first = not stats  # no optimizer step on this rollout yet
-                extra["cov_mask"][mb] = cov_mask(model, batch, mb, adv, mask, cfg, hp, gen, g, rows, first)
+                extra["cov_mask"][mb] = cov_mask(model, batch, mb, adv, mask, cfg, hp, gen, rows, first)
             opt.zero_grad()
             for ub in mb.split(rows):  # gradient accumulation over micro-batches
                 lp, logits, values = policy_logps(model, batch["ids"][ub], batch["offsets"][ub],
                                                   batch["response_mask"][ub], batch["prompt_len"],
-                                                  cfg.temperature, ppo, g)
+                                                  cfg.temperature, ppo)
                 with torch.set_grad_enabled(bool(ppo and hp["ent_coef"])):  # grad only for PPO's bonus
                     ent = (L.token_entropy(logits, cfg.temperature)
                            if not stats or ppo and hp["ent_coef"] else None)
@@ -423,13 +423,13 @@ def update(model, ref, opt, batch, cfg, hp, gen, lr, teacher=None):
             "rl/n_tokens": mask.sum().item()}
 
 
-def cov_mask(model, batch, mb, adv, mask, cfg, hp, gen, G, rows, first):
+def cov_mask(model, batch, mb, adv, mask, cfg, hp, gen, rows, first):
     """Clip-Cov / KL-Cov's tokens of minibatch mb (len(mb), L), from the current policy's log-probs
     (a no-grad forward; at a rollout's first optimizer step theta = theta_old: the sampler's serve)."""
     old = now = batch["logps"][mb]  # (len(mb), L)
     if not first:
         sub = {**batch, **{k: batch[k][mb] for k in ("ids", "offsets", "response_mask")}}
-        now = frozen_logps(unwrap(model), sub, cfg.temperature, G, rows)[0]
+        now = frozen_logps(unwrap(model), sub, cfg.temperature, rows)[0]
     return L.cov_select(now, old, adv[mb], mask[mb], gen, kind=cfg.loss, **hp)
 
 

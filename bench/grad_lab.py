@@ -91,10 +91,10 @@ def directions(model, ref, batch, specs, cfg, G):
     P, T, params = batch["prompt_len"], cfg.temperature, policy_params(model)
     mask = batch["response_mask"][:, P:].float()  # (N, L)
     lp, _, values = rl.policy_logps(model, batch["ids"], batch["offsets"], batch["response_mask"], P, T,
-                                    True, G)  # (N, L) each, with grad
+                                    True)  # (N, L) each, with grad
     ref_logp = None
     if any(s[2].get("beta") for s in specs):  # theta = ref: the policy's own log-probs, no forward
-        ref_logp = lp.detach() if ref is model else rl.frozen_logps(ref, batch, T, G, 256)[0]
+        ref_logp = lp.detach() if ref is model else rl.frozen_logps(ref, batch, T, 256)[0]
     old_values = torch.where(mask.bool(), values.detach(), 0.0)  # (N, L) PPO's V_old
     out, reward = {}, {}
     for name, loss, hp, _ in specs:

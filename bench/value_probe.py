@@ -96,14 +96,14 @@ def critic_ev(part):
     with torch.no_grad():
         for ids, offsets, P, m, R in part:
             ys.append(R[:, None].expand_as(m)[m])
-            ps.append(response_forward(critic, ids, offsets, P, G, return_scalar=True)[1][m])
+            ps.append(response_forward(critic, ids, offsets, P, return_scalar=True)[1][m])
     y = torch.cat(ys)
     return explained_variance(torch.cat(ps), y, torch.ones_like(y)).item()
 
 
 for it in range(1, 301):
     ids, offsets, P, m, R = fit_b[torch.randint(len(fit_b), (1,), generator=gen).item()]
-    v = response_forward(critic, ids, offsets, P, G, return_scalar=True)[1]  # (N, L)
+    v = response_forward(critic, ids, offsets, P, return_scalar=True)[1]  # (N, L)
     loss = ((v - R[:, None]) ** 2)[m].mean()
     opt.zero_grad()
     loss.backward()

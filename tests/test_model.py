@@ -69,6 +69,29 @@ def test_cached_equals_uncached(lengths):
     assert torch.allclose(a["logps"], b["logps"], atol=1e-5)
 
 
+def test_rows_sharing_a_prefix_share_one_forward():
+    """A peaked policy repeats itself: rows whose prefixes are equal share one forward and one cache row
+    per step. The same tokens and log-probs as the uncached sampler (every row in full), and each
+    decode step ran exactly the distinct live prefixes."""
+    model = tiny()
+    with torch.no_grad():  # peaked: many of a prompt's samples agree, and some stop early
+        model.lm_head.weight *= 10
+        model.lm_head.weight[EOS] *= 4
+    kw = dict(max_new_tokens=10, eos_id=EOS, pad_id=PAD, G=8, temperature=1.0)
+    rows = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: rows.append(o.size(0)))
+    a = generate(model, prompts_of([3, 6, 4]), generator=torch.Generator().manual_seed(3), **kw)
+    hook.remove()
+    b = generate(model, prompts_of([3, 6, 4]), use_cache=False, generator=torch.Generator().manual_seed(3),
+                 **kw)
+    assert torch.equal(a["ids"], b["ids"]) and torch.allclose(a["logps"], b["logps"], atol=1e-5)
+    ids, mask, P = a["ids"], a["response_mask"], a["prompt_len"]
+    assert len(torch.unique(ids, dim=0)) == 16 and rows[0] == 3  # 24 rows; one prefill per prompt
+    assert 1 in mask.sum(1) and 10 in mask.sum(1)  # finished rows leave the batch
+    for k, n in enumerate(rows[1:], start=1):  # step k extends the rows that sample a token k
+        assert n == len(torch.unique(ids[mask[:, P + k].bool(), :P + k], dim=0)) < 24
+
+
 def test_cached_logits_match_full_forward():
     """The logits the cache produces at every decode step equal a fresh full forward's."""
     from model import KVCache
@@ -184,27 +207,30 @@ def test_bad_checkpoints_fail_clearly(tmp_path):
 
 @pytest.mark.parametrize("scalar", [False, True])
 def test_grouped_forward_equals_the_full_forward(scalar):
-    """response_forward with G: each prompt runs once and its keys/values serve its G rows (as in
-    sampling). Same logits, value-head outputs and gradients as the full forward, and the same
-    log-probs as the sampler."""
+    """response_forward runs each distinct row once and each prompt once, its keys/values serving its
+    rows (as in sampling), in any row order. Same logits, value-head outputs and gradients as the
+    full forward of every row, duplicates included, and the same log-probs as the sampler."""
     from model import response_forward
     model = tiny(scalar_head=scalar)
     out = generate(model, prompts_of([3, 6, 4]), 8, EOS, PAD, G=4, generator=torch.Generator().manual_seed(1))
-    ids, off, P = out["ids"], out["offsets"], out["prompt_len"]
+    rows = torch.tensor([5, 0, 9, 0, 1, 5, 11, 2, 3, 4, 6, 7, 8, 10, 0])  # shuffled, 0 and 5 repeated
+    ids, off, P = out["ids"][rows], out["offsets"][rows], out["prompt_len"]
     res = {}
-    for G in (1, 4):
+    for name in ("full", "grouped"):
         model.zero_grad(set_to_none=True)
-        o = response_forward(model, ids, off, P, G, return_scalar=scalar)
-        o = o if scalar else (o,)
+        if name == "full":
+            o = model(ids, off, return_scalar=scalar)
+            o = tuple(t[:, P - 1:-1] for t in (o if scalar else (o,)))
+        else:
+            o = response_forward(model, ids, off, P, return_scalar=scalar)
+            o = o if scalar else (o,)
         sum((t.float() ** 2).sum() for t in o).backward()
-        res[G] = o, [p.grad.clone() for p in model.parameters() if p.grad is not None]
-    assert res[1][0][0].shape == (12, ids.size(1) - P, 16)
-    for a, b in zip(res[1][0], res[4][0]):
+        res[name] = o, [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    assert res["full"][0][0].shape == (15, ids.size(1) - P, 16)
+    for a, b in zip(res["full"][0], res["grouped"][0]):
         assert torch.allclose(a, b, atol=1e-6)
-    for a, b in zip(res[1][1], res[4][1]):  # float sums in another order: relative to the gradient's size
+    for a, b in zip(res["full"][1], res["grouped"][1]):  # float sums in another order: relative to the size
         assert (a - b).abs().max() <= 1e-5 * a.abs().max()
-    logp, mask = response_logps(torch.cat([res[4][0][0], res[4][0][0][:, :1]], 1), ids[:, P - 1:], out["response_mask"][:, P - 1:])
-    assert (logp - out["logps"]).abs().max() <= 1e-6
-    with pytest.raises(ValueError, match="groups of G=4"):
-        mixed = torch.arange(12).view(3, 4).t().flatten()  # rows 0, 4, 8, 1, ...: no group shares a prompt
-        response_forward(model, ids[mixed], off[mixed], P, 4)
+    logits = res["grouped"][0][0]
+    logp, mask = response_logps(torch.cat([logits, logits[:, :1]], 1), ids[:, P - 1:], out["response_mask"][rows, P - 1:])
+    assert (logp - out["logps"][rows]).abs().max() <= 1e-6

@@ -166,7 +166,7 @@ def test_distilling_from_itself_gives_zero_advantage_loss_and_gradient(loss):
     """Teacher = student: A_t = -(log mu - log pi_T) is the sampler/trainer gap (~1e-7); gkd's is 0."""
     model, batch = tiny_batch()
     cfg, mask = rl.Config(loss=loss, group_size=4), batch["response_mask"][:, batch["prompt_len"]:].float()
-    _, adv, extra, _ = rl.prepare(model, None, model, dict(batch), cfg, L.resolve_hparams(loss), 4, 64, mask)
+    _, adv, extra, _ = rl.prepare(model, None, model, dict(batch), cfg, L.resolve_hparams(loss), 64, mask)
     assert adv.shape == mask.shape and adv.abs().max() < 1e-5
     assert ("teacher_logits" in extra) == (loss == "gkd")
     _, stats = one_update(loss, model, batch, teacher=model)
