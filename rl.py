@@ -75,7 +75,7 @@ class Config:
     grad_clip: float = 1.0
     ppo_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch
-    micro_batch_size: int = 64  # rows per training forward/backward: memory, not the math
+    micro_batch_size: int = 256  # rows per training forward/backward (identical rows run once): memory
     sample_batch_size: int = 256  # rows per sampler call: speed against memory (bench/README.md)
     staleness: int = 0  # train each step on the rollout sampled this many steps earlier (async RL)
     sampler_bf16: bool = False  # rollouts under bf16 autocast, updates in fp32: a known sampler gap

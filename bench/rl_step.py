@@ -3,7 +3,7 @@ Time GRPO steps of the default model: rollout vs update, median over steps after
 
     python bench/rl_step.py [--threads=1] [--prompts_per_step=8] [--group_size=8] [--max_new_tokens=8]
                             [--beta=0.04] [--steps=20] [--sft_ckpt=out/sft-mul/ckpt.pt]
-                            [--sample_batch_size=256] [--profile=true]
+                            [--sample_batch_size=256] [--micro_batch_size=256] [--profile=true]
 
 Uses the SFT checkpoint when it exists (realistic response lengths and rewards), else a freshly
 initialised default model. Runs the real rl.collect / rl.update (no dynamic sampling). Prints the
@@ -40,6 +40,7 @@ class Config:
     warmup: int = 3
     sft_ckpt: str = "out/sft-mul/ckpt.pt"
     sample_batch_size: int = 256  # rl.py's default
+    micro_batch_size: int = 256  # rl.py's default
     profile: bool = False  # then also: where a step's time goes (cProfile phases, torch.profiler ops)
 
 
@@ -55,7 +56,7 @@ def main(b):
         model, reverse, what = GPT(GPTConfig(vocab_size=tok.vocab_size)), True, "fresh default model"
     cfg = rl.Config(loss="grpo", prompts_per_step=b.prompts_per_step, group_size=b.group_size,
                     max_new_tokens=b.max_new_tokens, beta=b.beta, prompt_selection=False,
-                    sample_batch_size=b.sample_batch_size)
+                    sample_batch_size=b.sample_batch_size, micro_batch_size=b.micro_batch_size)
     hp = L.resolve_hparams("grpo", beta=b.beta)
     train = load_problems(ensure_data("mul") / "train.txt")
     ref = copy.deepcopy(model).eval().requires_grad_(False)
