@@ -13,7 +13,9 @@ path (save_pretrained, then config._name_or_path). torch.set_flush_denormal(True
 flag, so it holds for both (off, TRL's backward ran ~10x slower in a probe).
 The sides interleave: a TrainerCallback runs one of our steps (rl.collect + rl.update, what rl.py
 runs) after each TRL step, so both see the same machine load. A TRL step is the time between
-two of its on_step_end calls, less our step in between. Prints the medians after the warm-up,
+two of its on_step_end calls, less our step in between. Our forwards run each distinct row once
+(the sampler each distinct prefix, the trainer each distinct sample): the share of distinct rows is
+printed beside our step; TRL runs every row. Prints the medians after the warm-up,
 each side's rollout/update split, ratio = TRL / ours, and each side against the
 FLOP limit (our step's FLOPs at this machine's GEMM rate). --only=ours|trl runs one side alone
 and adds its peak RSS (ru_maxrss), which in a shared process would be the larger side's.
@@ -104,7 +106,7 @@ def main(b):
                     beta=b.beta, prompt_selection=False)
     hp = L.resolve_hparams("grpo", beta=b.beta)
     ref = copy.deepcopy(model).eval().requires_grad_(False)
-    ours = {"step": [], "rollout": [], "update": []}
+    ours = {"step": [], "rollout": [], "update": [], "distinct": []}
     opt, gen = None, torch.Generator().manual_seed(0)
     prompts = rl.PromptSampler(len(train), 1, False)
 
@@ -118,7 +120,8 @@ def main(b):
         t1 = time.perf_counter()
         rl.update(model, ref, opt, batch, cfg, hp, gen, lr=b.lr)
         t2 = time.perf_counter()
-        for k, v in (("step", t2 - t0), ("rollout", t1 - t0), ("update", t2 - t1)):
+        distinct = len(torch.unique(batch["ids"], dim=0)) / len(batch["ids"])  # rows our forwards run
+        for k, v in (("step", t2 - t0), ("rollout", t1 - t0), ("update", t2 - t1), ("distinct", distinct)):
             ours[k].append(v)
 
     theirs = {"step": [], "rollout": [], "update": []}
@@ -181,7 +184,8 @@ def main(b):
           f"median of {b.steps} steps after {b.warmup} warm-up")
     for name, d in (("ours", ours), ("TRL ", theirs)):
         if d["step"]:
-            print(f"{name}: step {med(d, 'step'):.4f} s (rollout {med(d, 'rollout'):.4f} s, update {med(d, 'update'):.4f} s)")
+            print(f"{name}: step {med(d, 'step'):.4f} s (rollout {med(d, 'rollout'):.4f} s, update {med(d, 'update'):.4f} s)"
+                  + (f", distinct rows {med(d, 'distinct'):.0%} of the rollout's" if d.get("distinct") else ""))
     if b.only != "both":
         print(f"peak_rss_mib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} ({b.only} alone)")
     else:
