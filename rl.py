@@ -213,12 +213,15 @@ def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None
     out = cat_rollouts([generate(model, [p for p, _ in rows[i:i + n]], cfg.max_new_tokens, tok.eos_id,
                                  tok.pad_id, G=G, temperature=cfg.temperature, generator=gen)
                         for i in range(0, len(rows), n)])
-    window, facts = overlong_window(cfg), []
+    window, facts, seen = overlong_window(cfg), [], {}
     for row, ids in enumerate(responses(out)):
-        c = grade(tok, ids, problems[idx[row // G]][1], reverse, verifier or exact_answer)  # truncated: 0
-        shaped = c + (overlong_penalty(len(ids), cfg.max_new_tokens, window) if window > 0 else 0.0)
-        wrong = first_wrong_token(ids, rows[row // G][1])
-        facts.append((c, shaped, -1 if wrong is None else wrong, float(len(ids)), ids[-1:] == [tok.eos_id]))
+        key = (row // G, *ids)  # a group's identical samples are graded once
+        if key not in seen:
+            c = grade(tok, ids, problems[idx[row // G]][1], reverse, verifier or exact_answer)  # truncated: 0
+            shaped = c + (overlong_penalty(len(ids), cfg.max_new_tokens, window) if window > 0 else 0.0)
+            wrong = first_wrong_token(ids, rows[row // G][1])
+            seen[key] = (c, shaped, -1 if wrong is None else wrong, float(len(ids)), ids[-1:] == [tok.eos_id])
+        facts.append(seen[key])
     for k, v in zip(("correct", "reward", "first_wrong", "length", "finished"), zip(*facts)):
         out[k] = torch.tensor(v, device=out["ids"].device)
     if rm is not None:
