@@ -280,10 +280,10 @@ def response_forward(model, ids, offsets, P, return_scalar=False):
     peaked policy repeats its samples: often 3-6 of every 16 differ) and each distinct prompt once,
     its keys and values expanded to its rows (PrefixKV); the outputs are indexed back to all N rows,
     so duplicates' gradients add up and still flow through the prompt."""
-    uniq, inv = torch.unique(ids, dim=0, return_inverse=True)  # (U, P+L) sorted: a prompt's rows adjacent
-    first = torch.empty(len(uniq), dtype=torch.long, device=ids.device)
-    off = offsets[first.scatter_(0, inv, torch.arange(len(ids), device=ids.device))]  # (U,) a row of each
-    counts = torch.unique_consecutive(uniq[:, :P], dim=0, return_counts=True)[1]  # (n,) rows per prompt
+    rows = torch.cat([offsets[:, None], ids], 1)  # (N, 1+P+L): a row is its padding and its tokens
+    uniq, inv = torch.unique(rows, dim=0, return_inverse=True)  # (U, 1+P+L) sorted: a prompt's rows adjacent
+    counts = torch.unique_consecutive(uniq[:, :1 + P], dim=0, return_counts=True)[1]  # (n,) rows per prompt
+    off, uniq = uniq[:, 0], uniq[:, 1:]  # (U,), (U, P+L)
     cache, starts = PrefixKV(), counts.cumsum(0) - counts
     heads = model(uniq[starts, :P], off[starts], cache, return_scalar)  # (n, P, V) [, (n, P)]
     heads = heads if return_scalar else (heads,)

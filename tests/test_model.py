@@ -208,13 +208,16 @@ def test_bad_checkpoints_fail_clearly(tmp_path):
 @pytest.mark.parametrize("scalar", [False, True])
 def test_grouped_forward_equals_the_full_forward(scalar):
     """response_forward runs each distinct row once and each prompt once, its keys/values serving its
-    rows (as in sampling), in any row order. Same logits, value-head outputs and gradients as the
-    full forward of every row, duplicates included, and the same log-probs as the sampler."""
+    rows (as in sampling), in any row order; equal tokens with other padding are another row. Same
+    logits, value-head outputs and gradients as the full forward of every row, duplicates included,
+    and the same log-probs as the sampler."""
     from model import response_forward
     model = tiny(scalar_head=scalar)
     out = generate(model, prompts_of([3, 6, 4]), 8, EOS, PAD, G=4, generator=torch.Generator().manual_seed(1))
     rows = torch.tensor([5, 0, 9, 0, 1, 5, 11, 2, 3, 4, 6, 7, 8, 10, 0])  # shuffled, 0 and 5 repeated
     ids, off, P = out["ids"][rows], out["offsets"][rows], out["prompt_len"]
+    k = int(torch.nonzero(off)[0])  # a padded row again, its pads read as tokens: another row
+    ids, off = torch.cat([ids, ids[k:k + 1]]), torch.cat([off, off.new_zeros(1)])
     res = {}
     for name in ("full", "grouped"):
         model.zero_grad(set_to_none=True)
@@ -226,11 +229,12 @@ def test_grouped_forward_equals_the_full_forward(scalar):
             o = o if scalar else (o,)
         sum((t.float() ** 2).sum() for t in o).backward()
         res[name] = o, [p.grad.clone() for p in model.parameters() if p.grad is not None]
-    assert res["full"][0][0].shape == (15, ids.size(1) - P, 16)
+    assert res["full"][0][0].shape == (16, ids.size(1) - P, 16)
     for a, b in zip(res["full"][0], res["grouped"][0]):
         assert torch.allclose(a, b, atol=1e-6)
     for a, b in zip(res["full"][1], res["grouped"][1]):  # float sums in another order: relative to the size
         assert (a - b).abs().max() <= 1e-5 * a.abs().max()
-    logits = res["grouped"][0][0]
-    logp, mask = response_logps(torch.cat([logits, logits[:, :1]], 1), ids[:, P - 1:], out["response_mask"][rows, P - 1:])
+    logits = res["grouped"][0][0][:15]
+    logp, mask = response_logps(torch.cat([logits, logits[:, :1]], 1), ids[:15, P - 1:],
+                                out["response_mask"][rows, P - 1:])
     assert (logp - out["logps"][rows]).abs().max() <= 1e-6
