@@ -261,13 +261,14 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
             logits, node = model(seq, offsets)[:, -1], torch.arange(B * G, device=device)
             continue
         # rows with equal prefixes (a peaked policy repeats itself) share one forward and one cache row
-        key = torch.where(done, -1, node * logits.size(-1) + tok)  # (N,) prefix id, finished rows -1
-        uniq, node = torch.unique(key, return_inverse=True)  # (U,) sorted
-        parent, new = uniq[uniq >= 0] // logits.size(-1), uniq[uniq >= 0] % logits.size(-1)
-        node = node - int(uniq[0] < 0)  # finished rows point at -1: their logits go unused
+        V = logits.size(-1)
+        key = torch.where(done, -1, node * V + tok)  # (N,) prefix id, finished rows -1
+        uniq, node = torch.unique(key, return_inverse=True)  # sorted: a -1 comes first
+        live = uniq[uniq >= 0]  # (U,) the prefixes the next step extends
+        parent, node = live // V, node - (len(uniq) - len(live))  # finished rows point at -1: unused
         cache.select(parent)
         node_off = node_off[parent]
-        logits = model(new[:, None], node_off, cache)[:, -1]  # (U, V)
+        logits = model((live % V)[:, None], node_off, cache)[:, -1]  # (U, V)
     model.train(was_training)
     prompt, mask = seq[:, :P], torch.stack(masks, 1).long()  # (N, P), (N, L)
     return dict(ids=torch.cat([prompt, torch.stack(toks, 1)], 1), logps=torch.stack(logps, 1),
