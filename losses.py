@@ -217,10 +217,10 @@ def rollout_weights(old_logp, mu_logp, mask, kind, cap=2.0, low=0.5, high=5.0):
     return w, masked_mean(cut.float(), m)
 
 
-def teacher_advantages(mu_logp, teacher_logp, mask, bound=10.0):
-    """(B, T) on-policy distillation advantage A_t = -clamp(log mu_t - log pi_T_t, +-bound): minus the
-    sampled token's reverse-KL term, dense credit with no reward; 0 off the mask."""
-    return torch.where(mask.bool(), -(mu_logp - teacher_logp).clamp(-bound, bound), 0.0)
+def teacher_advantages(old_logp, teacher_logp, mask, bound=10.0):
+    """(B, T) on-policy distillation advantage A_t = -clamp(log pi_old_t - log pi_T_t, +-bound): minus
+    the sampled token's reverse-KL term, dense credit with no reward; 0 off the mask."""
+    return torch.where(mask.bool(), -(old_logp - teacher_logp).clamp(-bound, bound), 0.0)
 
 # ---------------------------------------------------------------------- policy losses
 
@@ -470,9 +470,11 @@ def kl_cov(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None,
 
 def opd(logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, **hp):
     """On-policy distillation (Agarwal et al. 2024, arXiv 2306.13649, GKD's reverse KL on the sampled
-    tokens; Thinking Machines 2025): objective r_t*A_t, no clip, r_t = exp(logp_t - old_logp_t) with
-    old_logp = the sampler's mu (the full importance weight), A_t = teacher_advantages; token sum
-    divided by n_tokens. At r = 1 the loss is the k1 estimate of KL(mu || pi_teacher)."""
+    tokens; Thinking Machines 2025): objective r_t*A_t, no clip, r_t = exp(logp_t - old_logp_t),
+    A_t = teacher_advantages(old_logp, teacher); token sum divided by n_tokens. old_logp is pi_old,
+    recomputed by the trainer whenever the sampler mu may differ (--staleness, --sampler_bf16): an
+    advantage built from mu would add grad KL(pi || mu), a push away from the sampler. At the first
+    step (r = 1) the gradient is the reverse KL(pi || pi_teacher)'s on the sampled tokens."""
     m, logp, _, ratio, adv, _ = _prep(logp, old_logp, adv, mask)
     return -masked_sum(ratio * adv, m) / (n_tokens or m.sum().clamp_min(1)), _stats(ratio, m)
 
@@ -554,6 +556,13 @@ def simpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, beta=2.0, gamma
     return (-F.logsigmoid(m - gamma_beta_ratio * beta) - rpo_alpha * a_c).mean(), stats
 
 
+def log1mexp(a):
+    """log(1 - exp(a)) for a < 0, accurate on both sides of -log 2 (Maechler 2012); a is clamped to
+    at most -1e-6, where 0 would give -inf."""
+    a = a.clamp(max=-1e-6)
+    return torch.where(a > -0.6931, torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))
+
+
 def orpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, lam=0.1):
     """ORPO (Hong et al. 2024, arXiv 2403.07691), reference-free: with a = pi / |y| (the mean
     response-token log-prob, EOS included), log odds(y) = a - log(1 - exp(a)), the mean over pairs of
@@ -561,9 +570,6 @@ def orpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, lam=0.1):
     The NLL covers the chosen response's tokens only (TRL's also counts the prompt's)."""
     a_c, a_r = pi_chosen / chosen_len, pi_rejected / rejected_len           # (B,) each, <= 0
 
-    def log1mexp(a):  # log(1 - exp(a)), accurate on both sides of -log 2; a -> 0 would be -inf
-        a = a.clamp(max=-1e-6)
-        return torch.where(a > -0.6931, torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))
     log_odds = (a_c - a_r) - (log1mexp(a_c) - log1mexp(a_r))               # (B,)
     stats = {"chosen_reward": a_c.mean().detach(), "rejected_reward": a_r.mean().detach(),
              "margin": log_odds.mean().detach(), "pair_accuracy": (log_odds > 0).float().mean()}
@@ -630,7 +636,23 @@ ALGOS = {
     "rft": Algo(nll_loss, "sft", None, 0, {}),  # on the policy's verified samples
 }
 DEFAULTS = {n: a.defaults for n, a in ALGOS.items()}
-LOSSES = {n: a.fn for n, a in ALGOS.items() if a.family == "pg"}
+
+
+def _with_defaults(name):
+    """ALGOS[name].fn taking any subset of its hyperparameters: the row's defaults fill the rest."""
+    def loss(*args, **kw):
+        hp = {k: kw.pop(k) for k in list(kw) if k in DEFAULTS[name]}
+        bad = [k for k in kw if k not in INPUTS]
+        if bad:
+            raise ValueError(f"loss {name!r} has no hyperparameter {bad[0]!r}; "
+                             f"it takes {', '.join(DEFAULTS[name]) or 'none'}")
+        return ALGOS[name].fn(*args, **kw, **{**DEFAULTS[name], **hp})
+    return loss
+
+
+INPUTS = ("ref_logp", "n_tokens", "n_seqs", "values", "old_values", "returns", "entropy", "cov_mask",
+          "group_correct", "group_size", "logits", "teacher_logits")  # tensors, not hyperparameters
+LOSSES = {n: _with_defaults(n) for n, a in ALGOS.items() if a.family == "pg"}
 PREF_LOSSES = {n: a.fn for n, a in ALGOS.items() if a.family == "pref"}
 BASELINES = {n: a.fn for n, a in ALGOS.items() if a.family == "sft"}
 

@@ -20,6 +20,7 @@ import copy
 import os
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, fields, replace
 from types import SimpleNamespace
 from typing import Optional
@@ -203,10 +204,11 @@ class PromptSampler:
         self.order = torch.randperm(self.n, generator=seeded("cpu", self.key, self.epoch)).tolist()
 
 
-def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None):
+def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None, rm_stats=True):
     """G samples for each problem in idx -> generate's dict plus, per row (N,): correct (the task's
     verifier, default exact_answer), reward (correct + DAPO's overlong shaping; with rm, a RewardModel,
-    its score instead of correct), first_wrong (CLIFF's first wrong token, -1 if none), length and
+    its score instead of correct, normalised by the running statistics, which only rm_stats rows
+    update), first_wrong (CLIFF's first wrong token, -1 if none), length and
     finished (ended with EOS)."""
     rows, G = gold_rows(tok, [problems[i] for i in idx], reverse), cfg.group_size  # [(prompt, gold ids)]
     n = max(1, cfg.sample_batch_size // G)  # prompts per sampler call
@@ -226,7 +228,7 @@ def rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None
         out[k] = torch.tensor(v, device=out["ids"].device)
     if rm is not None:
         raw = rm(out)  # (N,)
-        if cfg.rm_normalize:
+        if cfg.rm_normalize and rm_stats:
             rm.update(raw)
         score = rm.normalize(raw) if cfg.rm_normalize else raw
         out.update(rm_reward=raw, reward=score + out["reward"] - out["correct"])  # keeps overlong shaping
@@ -266,7 +268,7 @@ def collect(model, tok, train, prompts, cfg, gen, reverse, dyn, rm=None, verifie
         prompts.record(idx, out["correct"].view(-1, G))
         if cfg.loss == "remax":  # ReMax's baseline: each prompt's greedy response, rewarded alike
             greedy = rollout(model, tok, train, idx, replace(cfg, group_size=1, temperature=0.0), gen,
-                             reverse, rm, verifier)["reward"]  # (groups,)
+                             reverse, rm, verifier, rm_stats=False)["reward"]  # (groups,) the samples' scale
             out["baseline"], R = greedy.repeat_interleave(G), torch.cat([R, greedy[:, None]], 1)
             greedy_sum += greedy.sum().item()
         zero_std = R.max(1).values == R.min(1).values  # (groups,) no signal
@@ -342,9 +344,9 @@ def prepare(model, ref, teacher, batch, cfg, hp, rows, mask):
     """A rollout's inputs before its first step -> (ref_logp (N, L) if a KL term needs it, advantages
     times the weight of --rollout_is / --decoupled (losses.rollout_weights), advantages' extras, stats).
     Into batch: PPO's V_old; the teacher's log-probs (gkd: logits); when mu, the sampler, can differ
-    from the trainer, pi_old as "logps" (recomputed; opd keeps mu) and mu as "mu_logps"."""
+    from the trainer, pi_old as "logps" (recomputed) and mu as "mu_logps"."""
     ref_logp = frozen_logps(ref, batch, cfg.temperature, rows)[0] if hp.get("beta") else None
-    recompute, stats = (cfg.staleness or cfg.sampler_bf16) and not distills(cfg), {}
+    recompute, stats = cfg.staleness or cfg.sampler_bf16, {}
     if cfg.loss == "ppo" or recompute:
         lp, v, _ = frozen_logps(unwrap(model), batch, cfg.temperature, rows, cfg.loss == "ppo")
         if v is not None:  # the rollout's values V_old, from the same forward shape as the update's
@@ -472,9 +474,12 @@ def train_step(cfg, s, lr, gen):
         rows, labels = pref.offline_rows(cfg.loss, s.tok, [s.data[i] for i in s.sampler.take(n)], s.reverse)
     else:  # online pairs need a right and a wrong answer in each group; rft keeps every group
         dyn = cfg.dynamic_sampling and not distills(cfg) if family == "pg" else family == "pref"
-        with torch.autocast(s.dev.type, torch.bfloat16, enabled=cfg.sampler_bf16):  # a sampler/trainer gap
+        with torch.autocast(s.dev.type, torch.bfloat16) if cfg.sampler_bf16 else nullcontext():
             batch, stats = collect(s.model, s.tok, s.data, s.sampler, cfg, gen, s.reverse, dyn, s.rm,
                                    s.verifier)
+        dt = time.time() - t0  # this step's rollout, whichever one the step trains on
+        stats.update({"perf/rollout_s": dt, "perf/rollout_tok_s": (batch["length"].sum().item() if batch
+                                                                    else 0) / dt})
         s.fifo.append(batch)  # --staleness=k: train on the rollout of k steps ago (mu is k updates old)
         if len(s.fifo) <= cfg.staleness:
             return stats
@@ -483,8 +488,6 @@ def train_step(cfg, s, lr, gen):
             rows, labels = pref.rollout_rows(batch, cfg.loss, cfg.group_size)
         if all_reduce(float(batch is None or rows == []), "max").item():  # on any rank: no update
             return stats
-        stats.update({"perf/rollout_s": time.time() - t0,
-                      "perf/rollout_tok_s": batch["length"].sum().item() / (time.time() - t0)})
     if family == "pg":
         return {**stats, **update(s.fwd, s.ref, s.opt, batch, cfg, s.hp, gen, lr, s.teacher)}
     loss, st = pref.loss(s.fwd, s.ref, s.tok, rows, labels, cfg.loss, s.hp)

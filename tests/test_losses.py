@@ -457,6 +457,27 @@ def test_resolve_hparams():
         resolve_hparams("ppo2")
 
 
+def test_a_loss_takes_any_subset_of_its_hyperparameters():
+    """LOSSES[name] is a pure function: the hyperparameters not given take the row's defaults, and an
+    unknown one is an error naming it and the valid ones."""
+    logp, got = torch.tensor(LOGP), {}
+    full = LOSSES["grpo"](logp, OLD, ADV, MASK, REF, **resolve_hparams("grpo", beta=0.1))[0]
+    for kw in (dict(beta=0.1), dict(beta=0.1, eps_low=0.2, eps_high=0.2), dict(beta=0.1, kl_estimator="k3")):
+        got[str(kw)] = LOSSES["grpo"](logp, OLD, ADV, MASK, REF, **kw)[0].item()
+    assert list(got.values()) == [pytest.approx(full.item(), abs=1e-7)] * 3
+    assert LOSSES["dapo"](logp, OLD, ADV, MASK)[0].item() == pytest.approx(-0.215009, abs=1e-5)
+    with pytest.raises(ValueError, match="loss 'grpo' has no hyperparameter 'eps'; it takes .*eps_low"):
+        LOSSES["grpo"](logp, OLD, ADV, MASK, REF, eps=0.1)
+
+
+@pytest.mark.parametrize("x", [-1e-6, -1e-4, -0.1, -0.69, -0.7, -5.0, -40.0])
+def test_log1mexp_is_accurate_on_both_sides_of_minus_log_2(x):
+    """log(1 - e^x) in float32: log(-expm1(x)) near 0, log1p(-exp(x)) far from it; the wrong branch is
+    off by 0.013 at x = -1e-6 (1 - exp(x) loses its digits)."""
+    from losses import log1mexp
+    assert log1mexp(torch.tensor(x)).item() == pytest.approx(math.log(-math.expm1(x)), abs=2e-6, rel=1e-6)
+
+
 def test_loss_errors():
     logp = torch.tensor(LOGP)
     with pytest.raises(ValueError, match="eps"):

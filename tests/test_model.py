@@ -238,3 +238,17 @@ def test_grouped_forward_equals_the_full_forward(scalar):
     logp, mask = response_logps(torch.cat([logits, logits[:, :1]], 1), ids[:15, P - 1:],
                                 out["response_mask"][rows, P - 1:])
     assert (logp - out["logps"][rows]).abs().max() <= 1e-6
+
+
+def test_equal_prompt_tokens_under_other_padding_are_other_prompts():
+    """Three rows that sort next to each other: A reads its leading PAD as a token (offset 0), B has A's
+    very tokens read as padding (offset 1), C shares B's prompt with another response. Keyed without
+    the padding, B would reuse A's row and C A's prompt keys; each must score as its own full forward."""
+    from model import response_forward
+    model = tiny()
+    tail = torch.tensor([PAD, 5, 7, 3, 9, 2])  # a prompt of 3 (its first id PAD), a response of 3
+    ids = torch.stack([tail, tail, torch.tensor([PAD, 5, 7, 3, 4, 2])])
+    off = torch.tensor([0, 1, 1])
+    full = model(ids, off)[:, 2:-1]
+    assert not torch.allclose(full[0], full[1], atol=1e-3)  # the padding changes the logits
+    assert torch.allclose(response_forward(model, ids, off, 3), full, atol=1e-6)

@@ -172,6 +172,44 @@ def test_distilling_from_itself_gives_zero_advantage_loss_and_gradient(loss):
     _, stats = one_update(loss, model, batch, teacher=model)
     assert abs(stats["rl/loss"]) < 1e-6 and stats["rl/grad_norm"] < 1e-5
 
+
+
+def test_opd_builds_its_advantage_from_the_recomputed_pi_old_not_from_mu():
+    """Teacher = the student and a stale sampler mu, ln 3 below it on every token: the reverse KL to the
+    teacher is 0 with zero gradient. An advantage from mu would credit every token ln 3 and push the
+    policy away from the sampler."""
+    model, batch = tiny_batch()
+    mask = batch["response_mask"][:, batch["prompt_len"]:].bool()
+    stale = dict(batch, logps=torch.where(mask, batch["logps"] - math.log(3), 0.0))  # (N, L) mu
+    for kw in (dict(staleness=1), dict(sampler_bf16=True), dict(staleness=1, ppo_epochs=2)):
+        _, stats = one_update("opd", model, stale, teacher=model, **kw)
+        assert abs(stats["rl/loss"]) < 1e-6 and stats["rl/grad_norm"] < 1e-5, kw
+
+
+@pytest.mark.parametrize("loss", ["opd", "gkd"])
+def test_distillation_at_a_temperature_by_hand(loss):
+    """At temperature 0.7 both distributions are tempered: the student's logits (gkd), the teacher's
+    logits (gkd) and the teacher's log-probs (opd), against a hand computation from plain forwards.
+    The teacher differs from the student, so opd's advantage has a sign to get right."""
+    from model import GPT
+    model, batch = tiny_batch(temperature=0.7)
+    torch.manual_seed(5)
+    teacher = GPT(model.config).eval()
+    with torch.no_grad():
+        teacher.lm_head.weight *= 4  # peaked: far from the near-uniform student
+    ids, off, P = batch["ids"], batch["offsets"], batch["prompt_len"]
+    mask = batch["response_mask"][:, P:].bool()
+    with torch.no_grad():
+        z, zt = (m(ids, off)[:, P - 1:-1].float() / 0.7 for m in (model, teacher))  # (N, L, V) each
+    lp, lq = z.log_softmax(-1), zt.log_softmax(-1)
+    if loss == "gkd":  # reverse KL(p || q) at every response position
+        want = ((lp.exp() * (lp - lq)).sum(-1)[mask]).sum() / mask.sum()
+    else:  # -sum_t A_t / n at ratio 1, A_t = log q(y_t) - log p(y_t)
+        y = ids[:, P:, None]
+        want = -((lq.gather(-1, y) - lp.gather(-1, y)).squeeze(-1)[mask]).sum() / mask.sum()
+    _, stats = one_update(loss, model, batch, teacher=teacher, temperature=0.7)
+    assert abs(want.item()) > 0.1 and stats["rl/loss"] == pytest.approx(want.item(), rel=1e-4)
+
 # ----------------------------------------------------------------------------- rl.py runs
 
 
@@ -219,6 +257,37 @@ def test_resume_with_staleness_is_exact(sft_ckpt, tmp_path, monkeypatch, varied_
     assert rows(tmp_path / "whole" / "metrics.jsonl") == rows(tmp_path / "cut" / "metrics.jsonl")
     with pytest.raises(UserError, match=r"not a grpo run .* at staleness 1 .* staleness 2,"):
         rl.main(rl.Config(out_dir=str(tmp_path / "cut"), resume=True, **{**cfg, "staleness": 1}))
+
+
+@pytest.mark.parametrize("bf16, sampler_bf16, want", [
+    (True, False, True),  # the run's bf16 reaches the rollouts
+    (False, True, True),  # the flag adds bf16 to the rollouts alone
+    (False, False, False),
+])
+def test_rollouts_keep_the_runs_bf16_and_the_flag_only_adds_it(sft_ckpt, tmp_path, monkeypatch, bf16,
+                                                                 sampler_bf16, want):  # noqa: F811
+    seen, generate = [], rl.generate
+    monkeypatch.setattr(rl, "generate", lambda *a, **k: seen.append(
+        torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") == torch.bfloat16)
+        or generate(*a, **k))
+    run(sft_ckpt, tmp_path, bf16=bf16, sampler_bf16=sampler_bf16, max_iters=1, eval_interval=1,
+        eval_samples=0)
+    assert seen and set(seen) == {want}
+
+
+def test_rollout_speed_counts_the_tokens_sampled_this_step(sft_ckpt, tmp_path, monkeypatch,
+                                                           varied_reward):  # noqa: F811
+    """--staleness=2: every step samples, and perf/rollout_tok_s is the tokens of this step's rollout
+    over its time, not those of the older rollout the step trains on."""
+    sampled, collect = [], rl.collect
+    monkeypatch.setattr(rl, "collect", lambda *a, **k: sampled.append(collect(*a, **k)) or sampled[-1])
+    _, out = run(sft_ckpt, tmp_path, staleness=2, max_iters=4, eval_interval=4, eval_samples=0,
+                 dynamic_sampling=False, temperature=2.0)  # long, varied responses
+    steps = [r for r in out if "rl/n_groups" in r]
+    tokens = [b["length"].sum().item() for b, _ in sampled]
+    assert len(steps) == 4 and len(set(tokens)) > 1
+    for r, n in zip(steps, tokens):
+        assert r["perf/rollout_tok_s"] * r["perf/rollout_s"] == pytest.approx(n, rel=1e-6)
 
 
 def test_bf16_sampler_opens_a_gap_the_trainer_measures(sft_ckpt, tmp_path, varied_reward):  # noqa: F811

@@ -108,3 +108,29 @@ def test_bad_reward_model_checkpoints(sft_ckpt, tmp_path):  # noqa: F811
         rl.main(rl.Config(loss="ppo", reward="rm", rm_ckpt=str(tmp_path / "rm.pt"), sft_ckpt=sft_ckpt))
     with pytest.raises(UserError, match="binary verifier"):
         rl.main(rl.Config(loss="gapo", reward="rm", sft_ckpt=sft_ckpt))
+
+
+def test_remax_scores_samples_and_their_greedy_baseline_on_one_scale(sft_ckpt, rm_ckpt):  # noqa: F811
+    """ReMax with --reward=rm: the samples and each prompt's greedy response are normalised with one
+    set of running statistics, which the samples alone update; so a sample identical to its prompt's
+    greedy response gets advantage exactly 0."""
+    from types import SimpleNamespace
+    import losses as L
+    from data.tasks import load_split
+    from evaluate import responses
+    from policy import load_policy
+    from rm import RewardModel
+    model, tok, task, reverse, _, _ = load_policy(SimpleNamespace(sft_ckpt=sft_ckpt, loss="remax"),
+                                                  torch.device("cpu"))
+    rm = RewardModel.load(rm_ckpt[0], tok, torch.device("cpu"))
+    train, cfg = load_split(task, "train"), rl.Config(loss="remax", reward="rm", prompts_per_step=8, group_size=4,
+                                          temperature=0.3)  # peaked: samples repeat the greedy answer
+    batch, _ = rl.collect(model, tok, train, rl.PromptSampler(len(train), 0, False), cfg,
+                          torch.Generator().manual_seed(0), reverse, dyn=False, rm=rm)
+    assert rm.n == 32  # the 32 samples; the 8 greedy rows leave the statistics alone
+    idx = rl.PromptSampler(len(train), 0, False).take(8)
+    greedy = responses(rl.rollout(model, tok, train, idx, rl.replace(cfg, group_size=1, temperature=0.0),
+                                  None, reverse))
+    same = torch.tensor([r == greedy[i // 4] for i, r in enumerate(responses(batch))])  # (32,)
+    adv, _ = rl.advantages(cfg, batch, L.resolve_hparams("remax"), None)
+    assert same.sum() >= 2 and (adv[same] == 0).all() and (adv[~same] != 0).any()

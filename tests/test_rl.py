@@ -273,7 +273,7 @@ def test_rl_on_the_text_task_with_a_bpe_tokenizer(tmp_path, monkeypatch, varied_
 
 # ----------------------------------------------------------------------------- defects found in review
 
-def tiny_batch(n_groups=4, G=4, seed=0):
+def tiny_batch(n_groups=4, G=4, seed=0, temperature=1.0):
     """A sampled rollout of n_groups x G rows from a tiny random model, every group mixed 0/1."""
     from model import GPT, GPTConfig, generate
     from tokenizer import CharTokenizer
@@ -281,7 +281,8 @@ def tiny_batch(n_groups=4, G=4, seed=0):
     tok = CharTokenizer("0123456789+*=-")
     model = GPT(GPTConfig(block_size=24, vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=16)).eval()
     prompts = [tok.encode(f"{i + 1}*7=") for i in range(n_groups)]
-    out = generate(model, prompts, 6, tok.eos_id, tok.pad_id, G=G, generator=torch.Generator().manual_seed(seed))
+    out = generate(model, prompts, 6, tok.eos_id, tok.pad_id, G=G, temperature=temperature,
+                   generator=torch.Generator().manual_seed(seed))
     reward = torch.tensor([1.0, 0.0] * (n_groups * G // 2))
     out.update(reward=reward, correct=reward, first_wrong=torch.full((n_groups * G,), -1),
                length=out["response_mask"].sum(1).float(), finished=torch.ones(n_groups * G, dtype=torch.bool))
@@ -380,6 +381,26 @@ def test_a_special_token_inside_a_response_earns_nothing(monkeypatch):
     assert out["correct"].tolist() == [1.0, 0.0] and out["first_wrong"].tolist() == [-1, 2]
 
 
+def test_the_same_response_under_two_prompts_gets_each_prompts_grade(monkeypatch):
+    """A group's identical samples are graded once, but "6" answers 2*3 and not 2*4: the grading key
+    holds the prompt."""
+    from data.tasks import ALPHABET
+    from tokenizer import CharTokenizer
+    tok = CharTokenizer(ALPHABET)
+    answer = tok.encode("6") + [tok.eos_id]
+
+    def fake_generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, **kw):
+        rows = [p + answer for p in prompts for _ in range(G)]  # every prompt of 4 tokens
+        return {"ids": torch.tensor(rows), "logps": torch.zeros(len(rows), 2),
+                "response_mask": torch.tensor([[0] * 4 + [1, 1]] * len(rows)),
+                "offsets": torch.zeros(len(rows), dtype=torch.long), "prompt_len": 4}
+
+    monkeypatch.setattr(rl, "generate", fake_generate)
+    cfg = rl.Config(group_size=2, max_new_tokens=2, overlong_window=0)
+    out = rl.rollout(None, tok, [("2*3=", "6"), ("2*4=", "8")], [0, 1], cfg, None, False)
+    assert out["correct"].tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
 def test_checkpoint_settings_have_one_source_of_truth(sft_ckpt, tmp_path):
     """A checkpoint whose config lacks 'reverse' (sft.py's default True) used to be read as False by
     rl.py, reward_model.py and sample.py, and an RM without 'lik_coef' (default 1.0) as 0.0: now each
@@ -470,7 +491,7 @@ def test_remax_baseline_is_each_prompts_greedy_reward(sft_ckpt, varied_reward):
 def test_remax_dynamic_sampling_counts_the_greedy_reward(monkeypatch):
     """An all-wrong group whose greedy answer is right has signal under ReMax (A = -1 on every row): kept;
     a group equal to its greedy reward is dropped."""
-    def fake_rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None):
+    def fake_rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None, **kw):
         if cfg.group_size == 1:  # the greedy responses
             return {"reward": torch.tensor([1.0, 0.0])}
         correct = torch.tensor([0.0, 0, 0, 0, 0, 0, 0, 0])
