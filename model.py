@@ -1,12 +1,11 @@
 """
-The GPT (nanoGPT-style, GPT-2 names), its KV cache and the batched sampler.
+The GPT (nanoGPT-style, GPT-2 names), its KV cache, the sampler and the log-probs of samples.
 
-`GPT.forward` returns logits for every position (B, T, V): RL needs each token's log-prob. Prompts
-are left-padded; `offsets` (B,) counts each row's pad tokens, so positions restart at its first
-real token and pad keys are masked out. `generate` prefills each prompt once and decodes one token
-at a time, returning the log-prob of every sampled token; rows that share a prefix share its
-forward and KV cache row (`response_forward` does the same for training: identical rows run once).
-An optional scalar head on the last hidden state is PPO's value head or the reward model's head.
+`GPT.forward` returns logits at every position (B, T, V): RL needs each token's log-prob.
+Prompts are left-padded: `offsets` (B,) counts each row's pads, so positions restart at its
+first token and pad keys are masked. `generate` prefills each prompt once and decodes a token
+at a time; rows sharing a prefix share its forward and cache row, and `logprobs` (training)
+runs identical rows once. An optional scalar head is PPO's value head or the reward model's.
 """
 import hashlib
 import math
@@ -30,8 +29,8 @@ class GPTConfig:
 
 
 class KVCache:
-    """Preallocated keys/values for every layer: (n_layer, B, n_head, max_len, head_dim), one row per
-    distinct prefix; `select` keeps the rows the next step extends (a row that forks is copied)."""
+    """Preallocated keys/values (n_layer, B, n_head, max_len, head_dim), a row per distinct
+    prefix; `select` keeps the rows the next step extends (a fork is copied)."""
 
     def __init__(self, cfg, batch_size, max_len, device, dtype):
         shape = (cfg.n_layer, batch_size, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
@@ -47,14 +46,13 @@ class KVCache:
 
     def select(self, rows):
         """Keep the cache rows `rows` (U,), in that order; a row may repeat."""
-        if len(rows) != self.k.size(1) or not torch.equal(rows, torch.arange(len(rows), device=rows.device)):
+        if len(rows) != self.k.size(1) or not torch.equal(rows, torch.arange(len(rows)).to(rows)):
             self.k, self.v = self.k[:, rows], self.v[:, rows]
 
 
 class PrefixKV:
-    """The training-side cache: each prompt's keys/values, computed once with gradient, expanded to
-    its rows for the responses to attend to. Kept as tensors, not written in place (a
-    preallocated KVCache would break autograd), so gradients from all its rows reach the prompt."""
+    """Training's cache: each prompt's keys/values, computed once with gradient and expanded
+    to its rows (tensors, not written in place: autograd), so all its rows' gradients reach it."""
 
     def __init__(self):
         self.k, self.v, self.pos = [], [], 0
@@ -64,7 +62,8 @@ class PrefixKV:
             self.k.append(k)
             self.v.append(v)
             return k, v
-        return torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)  # (N, nh, P+T, hd)
+        k, v = torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
+        return k, v  # (N, nh, P+T, hd)
 
     def expand(self, counts):  # counts (n,): rows of each prompt
         self.k = [t.repeat_interleave(counts, dim=0) for t in self.k]
@@ -85,14 +84,15 @@ class CausalSelfAttention(nn.Module):
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if cache is not None:
             k, v = cache.update(layer, k, v)  # (B, nh, pos+T, hd)
-        if x.device.type == "cpu" and T > 1:  # short sequences on CPU: plain matmuls run forward and
-            if mask is None:  # backward 2-3x faster than the fused kernel (bench/README.md)
+        if x.device.type == "cpu" and T > 1:  # on CPU plain matmuls run short sequences
+            if mask is None:  # 2-3x faster than the fused kernel (bench/README.md)
                 mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
             att = (q @ k.transpose(-2, -1)) * k.size(-1) ** -0.5  # (B, nh, T, L)
             att = att.masked_fill(~mask, float("-inf")).softmax(-1)
             y = F.dropout(att, self.dropout, self.training) @ v  # (B, nh, T, hd)
         else:
-            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None and T > 1,
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                               is_causal=mask is None and T > 1,
                                                dropout_p=self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)
         return self.resid_dropout(self.c_proj(y))
@@ -135,13 +135,12 @@ class GPT(nn.Module):
         ))
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         self.transformer.wte.weight = self.lm_head.weight  # tied embeddings
-        # GPT-2 init: N(0, 0.02), residual projections scaled by 1/sqrt(2*n_layer), zero biases
+        # GPT-2 init: N(0, 0.02), residual projections / sqrt(2 n_layer), zero biases
         self.apply(self._init_weights)
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
-        # scalar head (value / reward): std 1/sqrt(n_embd+1) as OpenAI's lm-human-preferences reward
-        # head, zero bias, so initial scores are O(1) and start unbiased
+        # scalar head: std 1/sqrt(n_embd+1) as lm-human-preferences' reward head, bias 0
         self.score_head = nn.Linear(cfg.n_embd, 1) if cfg.scalar_head else None
         if self.score_head is not None:
             nn.init.normal_(self.score_head.weight, std=1 / math.sqrt(cfg.n_embd + 1))
@@ -154,8 +153,8 @@ class GPT(nn.Module):
             nn.init.zeros_(m.bias)
 
     def forward(self, idx, offsets=None, cache=None, return_scalar=False):
-        """idx (B, T) -> logits (B, T, V) [, scalar head (B, T)].
-        offsets (B,): left-pad count per row (None = no padding). cache: a KVCache to extend."""
+        """idx (B, T) -> logits (B, T, V) [, scalar head (B, T)]; offsets (B,): left-pad
+        counts (None: none); cache: a KVCache to extend."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         if start + T > self.config.block_size:
@@ -165,11 +164,10 @@ class GPT(nn.Module):
         padded = offsets is not None and bool(offsets.any())
         if padded or (start > 0 and T > 1):
             k_abs = torch.arange(start + T, device=idx.device)
-            off = offsets if offsets is not None else torch.zeros(B, dtype=torch.long, device=idx.device)
-            mask = (k_abs <= q_abs[:, None]) & (k_abs >= off[:, None, None])  # (B, T, L) causal, no pad keys
-            mask = mask | (k_abs == q_abs[:, None])  # a pad query sees itself: no all-masked row, no NaN
-            mask = mask[:, None]  # (B, 1, T, L)
-            pos = (q_abs - off[:, None]).clamp(min=0)  # (B, T) positions restart at each row's first token
+            off = torch.zeros_like(q_abs[:1]).expand(B) if offsets is None else offsets
+            mask = (k_abs <= q_abs[:, None]) & (k_abs >= off[:, None, None])  # (B, T, L)
+            mask = (mask | (k_abs == q_abs[:, None]))[:, None]  # a pad query sees itself: no NaN
+            pos = (q_abs - off[:, None]).clamp(min=0)  # (B, T) restart at each first token
         else:
             mask, pos = None, q_abs
         x = self.transformer.drop(self.transformer.wte(idx) + self.transformer.wpe(pos))
@@ -185,28 +183,17 @@ class GPT(nn.Module):
             return logits, self.score_head(x).squeeze(-1)  # (B, T)
         return logits
 
-    def configure_optimizer(self, lr, weight_decay, betas, head_lr_scale=None):
-        """AdamW; weight decay only on matrices (dim >= 2), not on biases and LayerNorm gains. With
-        head_lr_scale, the scalar head gets its own group at lr * head_lr_scale, without decay."""
-        head = set(self.score_head.parameters()) if head_lr_scale and self.score_head else set()
-        params = [p for p in self.parameters() if p.requires_grad and p not in head]
-        groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-                  {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-        if head:  # PPO's value head starts at zero and must catch up with the returns: a larger lr
-            groups.append({"params": list(head), "weight_decay": 0.0, "lr_scale": head_lr_scale})
-        return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=True)  # one kernel, not one per tensor
-
 
 def seeded(device, *key):
-    """A torch.Generator seeded from a key such as ("rollout", seed, rank, step): one stream per key,
-    the same in every run, so a resumed run needs no saved RNG state."""
+    """A torch.Generator seeded by a key such as ("rollout", seed, rank, step): a stream per
+    key, the same in every run, so a resumed run needs no saved RNG state."""
     digest = hashlib.sha256(repr(key).encode()).digest()
     return torch.Generator(device).manual_seed(int.from_bytes(digest[:8], "little") >> 1)
 
 
 def sample_next(logits, temperature, top_k, generator):
-    """(N,) next tokens from the last position's logits (N, V) -> (tokens, the (N, V) fp32
-    log-probs of the distribution they were drawn from). Temperature 0 is greedy (untempered)."""
+    """Next tokens (N,) from logits (N, V) -> (tokens, the fp32 log-probs (N, V) they were
+    drawn from). Temperature 0 is greedy (untempered)."""
     logits = logits.float()
     if temperature == 0:
         return logits.argmax(dim=-1), F.log_softmax(logits, dim=-1)
@@ -221,31 +208,29 @@ def sample_next(logits, temperature, top_k, generator):
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.0, top_k=None,
              generator=None, use_cache=True):
-    """Sample G responses for each prompt (a list of token-id lists).
-
-    Returns a dict with (N = len(prompts) * G, P = longest prompt, L = longest response):
+    """G responses to each prompt (lists of token ids) -> a dict (N = len(prompts) G,
+    P the longest prompt, L the longest response):
       ids            (N, P+L)  left-padded prompt, response, right padding with pad_id
-      response_mask  (N, P+L)  1 for every sampled token up to and including EOS, else 0
-      logps          (N, L)    log-prob of each sampled token under the sampling distribution
-                               (temperature, top-k); 0 where the mask is 0
-      offsets        (N,)      left-pad count per row, to pass to forward
-      prompt_len     P
-    Temperature 0 is greedy; its logps are those of the untempered softmax."""
+      response_mask  (N, P+L)  1 on every sampled token up to and including EOS
+      logps          (N, L)    each sampled token's log-prob under the sampling distribution
+                               (temperature 0: greedy, untempered; top-k), 0 off the mask
+      offsets        (N,)      left-pad count of each row
+      prompt_len     P"""
     was_training, device = model.training, next(model.parameters()).device
     model.eval()  # no dropout in rollouts
     B, P = len(prompts), max(len(p) for p in prompts)
     if min(len(p) for p in prompts) == 0:
         raise ValueError("empty prompt")
     if P + max_new_tokens > model.config.block_size:
-        raise ValueError(f"prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds the context "
-                         f"window (block_size={model.config.block_size})")
+        raise ValueError(f"prompt of {P} tokens + max_new_tokens={max_new_tokens} exceeds the "
+                         f"context window (block_size={model.config.block_size})")
     seq = torch.tensor([[pad_id] * (P - len(p)) + p for p in prompts], device=device)  # (B, P)
     offsets = torch.tensor([P - len(p) for p in prompts], device=device)  # (B,)
     dtype = model.lm_head.weight.dtype
     cache = KVCache(model.config, B, P + max_new_tokens, device, dtype) if use_cache else None
-    logits = model(seq, offsets, cache)[:, -1]  # (B, V) one prefill per prompt, shared by its G rows
-    node, node_off = torch.arange(B, device=device).repeat_interleave(G), offsets  # (N,) row -> prefix
-    seq, offsets = seq.repeat_interleave(G, dim=0), offsets.repeat_interleave(G, dim=0)  # (N, P), (N,)
+    logits = model(seq, offsets, cache)[:, -1]  # (B, V) one prefill per prompt for G rows
+    node, node_off = torch.arange(B, device=device).repeat_interleave(G), offsets  # row -> prefix
+    seq, offsets = seq.repeat_interleave(G, dim=0), offsets.repeat_interleave(G, dim=0)
     done, toks, logps, masks = torch.zeros(B * G, dtype=torch.bool, device=device), [], [], []
     for t in range(max_new_tokens):
         tok, logp_all = sample_next(logits[node], temperature, top_k, generator)
@@ -260,35 +245,59 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
             seq = torch.cat([seq, tok[:, None]], dim=1)
             logits, node = model(seq, offsets)[:, -1], torch.arange(B * G, device=device)
             continue
-        # rows with equal prefixes (a peaked policy repeats itself) share one forward and one cache row
+        # rows with equal prefixes (a peaked policy repeats) share a forward and a cache row
         V = logits.size(-1)
         key = torch.where(done, -1, node * V + tok)  # (N,) prefix id, finished rows -1
         uniq, node = torch.unique(key, return_inverse=True)  # sorted: a -1 comes first
         live = uniq[uniq >= 0]  # (U,) the prefixes the next step extends
-        parent, node = live // V, node - (len(uniq) - len(live))  # finished rows point at -1: unused
+        parent, node = live // V, node - (len(uniq) - len(live))  # finished: -1, unused
         cache.select(parent)
         node_off = node_off[parent]
         logits = model((live % V)[:, None], node_off, cache)[:, -1]  # (U, V)
     model.train(was_training)
     prompt, mask = seq[:, :P], torch.stack(masks, 1).long()  # (N, P), (N, L)
     return dict(ids=torch.cat([prompt, torch.stack(toks, 1)], 1), logps=torch.stack(logps, 1),
-                response_mask=torch.cat([torch.zeros_like(prompt), mask], 1), offsets=offsets, prompt_len=P)
+                response_mask=torch.cat([torch.zeros_like(prompt), mask], 1), offsets=offsets,
+                prompt_len=P)
+
+
+def token_logps(logits, labels, mask, temperature=1.0):
+    """(B, T) log-probs of labels under the tempered softmax of logits (B, T, V), in fp32
+    (float64 stays float64); 0 off the mask."""
+    labels = torch.where(mask.bool(), labels, 0)  # (B, T) a valid id at padding
+    z = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+    logp = z.gather(-1, labels[..., None]).squeeze(-1) - z.logsumexp(-1)  # (B, T)
+    return torch.where(mask.bool(), logp, 0.0)
+
+
+def logprobs(model, ids, offsets, mask, temperature=1.0, scalar=False, logits=False, rows=None):
+    """The one route from rows to log-probs -> (logp (N, L) of the response ids[:, P:] under
+    the tempered softmax, 0 off mask (N, L); the scalar head (N, L) if scalar; the tempered
+    logits (N, L, V) if logits), at most `rows` rows a forward (memory)."""
+    N, P = ids.size(0), ids.size(1) - mask.size(1)
+    if rows and N > rows:
+        parts = [logprobs(model, ids[i:i + rows], offsets[i:i + rows], mask[i:i + rows],
+                          temperature, scalar, logits) for i in range(0, N, rows)]
+        return tuple(None if p[0] is None else torch.cat(p) for p in zip(*parts))
+    out = response_forward(model, ids, offsets, P, return_scalar=scalar)
+    z, head = out if scalar else (out, None)
+    logp = token_logps(z, ids[:, P:], mask, temperature)  # (N, L)
+    return logp, head, (z / temperature if logits else None)
 
 
 def response_forward(model, ids, offsets, P, return_scalar=False):
-    """model(ids, offsets)[:, P-1:-1]: the logits that score each response token (N, L, V) of ids
-    (N, P+L), and the scalar head there (N, L) with return_scalar. Each distinct row runs once (a
-    peaked policy repeats its samples: often 3-6 of every 16 differ) and each distinct prompt once,
-    its keys and values expanded to its rows (PrefixKV); the outputs are indexed back to all N rows,
-    so duplicates' gradients add up and still flow through the prompt."""
-    rows = torch.cat([offsets[:, None], ids], 1)  # (N, 1+P+L): a row is its padding and its tokens
-    uniq, inv = torch.unique(rows, dim=0, return_inverse=True)  # (U, 1+P+L) sorted: a prompt's rows adjacent
-    counts = torch.unique_consecutive(uniq[:, :1 + P], dim=0, return_counts=True)[1]  # (n,) rows per prompt
+    """model(ids, offsets)[:, P-1:-1], the logits scoring each response token (N, L, V) of
+    ids (N, P+L) [and the scalar head (N, L)]. Each distinct row runs once (a peaked policy
+    repeats itself: often 3-6 of 16 differ), each prompt once with its keys and values
+    expanded to its rows (PrefixKV); outputs are indexed back to all rows, so gradients add."""
+    rows = torch.cat([offsets[:, None], ids], 1)  # (N, 1+P+L): a row's padding and tokens
+    uniq, inv = torch.unique(rows, dim=0, return_inverse=True)  # sorted: a prompt's rows adjacent
+    counts = torch.unique_consecutive(uniq[:, :1 + P], dim=0, return_counts=True)[1]  # (n,)
     off, uniq = uniq[:, 0], uniq[:, 1:]  # (U,), (U, P+L)
     cache, starts = PrefixKV(), counts.cumsum(0) - counts
     heads = model(uniq[starts, :P], off[starts], cache, return_scalar)  # (n, P, V) [, (n, P)]
     heads = heads if return_scalar else (heads,)
-    parts = [[t[:, -1:].repeat_interleave(counts, dim=0)] for t in heads]  # position P-1 of each row
+    parts = [[t[:, -1:].repeat_interleave(counts, dim=0)] for t in heads]  # position P-1
     if ids.size(1) > P + 1:
         cache.expand(counts)
         rest = model(uniq[:, P:-1], off, cache, return_scalar)  # (U, L-1, V) [, (U, L-1)]

@@ -3,7 +3,7 @@ Bradley-Terry reward model: the SFT GPT plus a scalar head, trained so that the 
 scores above a wrong one y-; the NLL keeps the trunk learning the task (an LM regulariser, GRM, Yang
 et al. 2024) and the likelihood term scores answers the head alone (lik_coef=0) never memorised:
 
-    loss = -log sigmoid(s(x, y+) - s(x, y-)) + lm_coef * NLL(y+ | x)    (losses.bt_loss, nll_loss)
+    loss = -log sigmoid(s(x, y+) - s(x, y-)) + lm_coef * NLL(y+ | x)    (rm.bt_loss, pref.nll_loss)
     s(x, y) = head(h at y's EOS) + lik_coef * log p(y | x)               (rm.rm_scores)
 
 Pairs: data/<task>/pairs_<split>.jsonl (five documented kinds of wrong answer) and "policy" pairs,
@@ -20,15 +20,15 @@ from typing import Optional
 
 import torch
 
-import losses as L
-from checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
-from config import UserError, run_cli
-from data.tasks import ensure_data, load_problems, load_records
-from ddp import all_reduce
-from evaluate import gold_rows, pack, record_rows, responses
+from data.tasks import load_problems
 from model import generate, seeded
-from rm import rm_scores
-from supervised import TrainConfig, setup, train
+from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
+from nanorl.config import UserError, run_cli
+from nanorl.ddp import all_reduce
+from nanorl.loop import TrainConfig, start, train
+from nanorl.pref import ensure_pairs, load_records, nll_loss
+from nanorl.rm import bt_loss, rm_scores
+from nanorl.rows import gold_rows, pack, record_rows, responses
 
 
 @dataclass
@@ -92,7 +92,7 @@ def pair_accuracy(model, pairs, pad_id, lik_coef):
 def load_pairs(cfg, model, tok, task, reverse, rank, world):
     """{name: (chosen rows, rejected rows, kinds)}: the documented pairs of "train" (plus policy
     pairs of this rank's share of its prompts), "val", "test"; "val_policy", "test_policy"."""
-    root, dev = ensure_data(task), next(model.parameters()).device
+    root, dev = ensure_pairs(task), next(model.parameters()).device
 
     def sampled(split, n, share=slice(None)):
         gen = seeded(dev, "policy_pairs", split, cfg.seed, rank)
@@ -115,7 +115,8 @@ def load_pairs(cfg, model, tok, task, reverse, rank, world):
 
 
 def main(cfg):
-    dev, rank, world = setup(cfg, positive=("temperature", "max_new_tokens", "eval_policy_samples"),
+    dev, rank, world = start(cfg, positive=("batch_size", "val_interval", "log_interval", "temperature",
+                                            "max_new_tokens", "eval_policy_samples"),
                              non_negative=("policy_samples",))
     ckpt = load_checkpoint(cfg.sft_ckpt, hint="make one with: python sft.py configs/mul.py")
     model, tok = model_from_checkpoint(ckpt, cfg.sft_ckpt, scalar_head=True)  # + a fresh head
@@ -134,9 +135,9 @@ def main(cfg):
         idx = torch.randint(len(chosen), (B,), generator=gen).tolist()
         rows = [chosen[i] for i in idx] + [rejected[i] for i in idx]
         s, logp, mask = scores(model, rows, tok.pad_id, cfg.lik_coef)  # (2B,), (2B, T-1), (2B, T-1)
-        bt, st = L.bt_loss(s[:B], s[B:])  # the mean over this rank's pairs; / world: the batch's
+        bt, st = bt_loss(s[:B], s[B:])  # the mean over this rank's pairs; / world: the batch's
         n_tok = all_reduce(mask[:B].sum()).item()  # every rank's right-answer tokens
-        nll, _ = L.nll_loss(logp[:B], mask[:B], n_tok)
+        nll, _ = nll_loss(logp[:B], mask[:B], n_tok)
         loss = bt / world + cfg.lm_coef * nll
         loss.backward()
         return {"train/loss": loss.detach(), "train/pair_accuracy": st["pair_accuracy"] / world,

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import torch
 
-from checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
-from config import UserError, run_cli
 from data.tasks import parse_answer
-from evaluate import encode_prompts, grade, responses, verifier_of
 from model import generate
+from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
+from nanorl.config import UserError, run_cli
+from nanorl.evaluate import grade, verifier_of
+from nanorl.rows import encode_prompts, responses
 
 
 @dataclass

@@ -2,7 +2,7 @@
 Supervised fine-tuning (here: training from scratch) of the GPT on an arithmetic task: cross-entropy
 on the answer + EOS tokens (--loss_on=all: every token) over their count. Evals: greedy accuracy on
 val (val/accuracy, picks best.pt) and test (eval/accuracy), sampled eval/pass@1 and eval/pass@8.
-The loop, its settings (lr, evals, checkpoints, --resume): supervised.py.
+The loop, its settings (lr, evals, checkpoints, --resume): nanorl/loop.py.
 
     python sft.py configs/mul.py                            # -> out/sft-mul/ckpt.pt
     python sft.py --task=path/to/folder --reverse=false --verifier=text   # docs/guides.md
@@ -14,12 +14,13 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from config import UserError, run_cli
 from data.tasks import TASKS, labelled, load_split, task_alphabet
-from ddp import all_reduce, bf16_default
-from evaluate import evaluate, gold_rows, pack, verifier_of
 from model import GPT, GPTConfig, seeded
-from supervised import TrainConfig, setup, train
+from nanorl.config import UserError, run_cli
+from nanorl.ddp import all_reduce, bf16_default
+from nanorl.evaluate import evaluate, verifier_of
+from nanorl.loop import TrainConfig, start, train
+from nanorl.rows import gold_rows, pack
 from tokenizer import get_tokenizer
 
 
@@ -79,7 +80,7 @@ def build_model(cfg, tok):
     if cfg.init_from == "scratch":
         shape = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout)
         return GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=cfg.block_size, **shape))
-    from gpt2 import from_pretrained  # the GPT-2-size extras, only for --init_from
+    from lab.gpt2 import from_pretrained  # only for --init_from
     model = from_pretrained(cfg.init_from, cfg.block_size, cfg.dropout)
     if model.config.vocab_size != tok.vocab_size:
         raise UserError(f"init_from={cfg.init_from!r} has {model.config.vocab_size} tokens, the "
@@ -90,7 +91,7 @@ def build_model(cfg, tok):
 
 def main(cfg):
     shape = ("n_layer", "n_head", "n_embd", "block_size", "max_new_tokens")
-    dev, rank, world = setup(cfg, positive=shape,
+    dev, rank, world = start(cfg, positive=("batch_size", "val_interval", "log_interval") + shape,
                              non_negative=("eval_samples", "micro_batch_size", "n_train"))
     if not 0 <= cfg.dropout < 1:
         raise UserError(f"dropout must be in [0, 1), got {cfg.dropout}")

@@ -1,12 +1,9 @@
-"""Reward functions for RL: VERIFIERS[name](completion, gold, reverse=False) -> 1.0 or 0.0, plus
-first_wrong_token (CLIFF) and overlong_penalty (DAPO).
-
-All are pure and total: garbage, any unicode, nested tags and 5,000-digit numbers give 0, never an
-exception. Numbers are compared as digit strings, never through int() (it refuses > 4,300 digits).
-An answer is canonical: "0", or an optional '-' then ASCII digits with no leading zero ('１２',
-"0012", "-0" and " 12" are wrong). `gold` is as the data files store it, canonical and in normal
-digit order ("1081", "-12"); a non-canonical gold matches nothing. The caller strips EOS, and gives
-0 without calling a verifier to a response without EOS or with a special token before its end.
+"""Rewards: VERIFIERS[name](completion, gold, reverse=False) -> 1.0 or 0.0, first_wrong_token
+(CLIFF) and overlong_penalty (DAPO). Pure and total: garbage, any unicode, nested tags and
+5,000-digit numbers give 0, never an exception; numbers compare as digit strings, never via
+int(). An answer is canonical: "0", or an optional '-' then ASCII digits, no leading zero
+("0012", "-0", " 12" are wrong). gold is canonical, in normal order ("1081", "-12"). The
+caller strips EOS and gives 0 to a response without EOS or with a special token inside.
 """
 import re
 

@@ -21,19 +21,17 @@ Writes out_dir/grad_lab.md and, with matplotlib, grad_lab.png.
 import os
 import sys
 import time
-from dataclasses import dataclass
-from types import SimpleNamespace
+from dataclasses import dataclass, replace
 
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import losses as L  # noqa: E402
 import rl  # noqa: E402
-from config import UserError, print_config, run_cli  # noqa: E402
-from data.tasks import load_split  # noqa: E402
-from evaluate import gold_rows, pack  # noqa: E402
-from model import seeded  # noqa: E402
-from policy import load_policy  # noqa: E402
+from nanorl.config import UserError, print_config, run_cli  # noqa: E402
+from nanorl.pref import pack_left  # noqa: E402
+from nanorl.rows import PromptSampler, gold_rows  # noqa: E402
+from model import logprobs, seeded  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
 from verify import overlong_penalty  # noqa: E402
 
@@ -67,48 +65,43 @@ def flat(grads, params):
 
 def exact_objective(model, tok, problems, reverse, temperature=1.0):
     """(J, grad J (D,)): J = mean over problems of pi_T(gold answer + EOS | prompt), teacher-forced."""
-    ids, mask = pack(gold_rows(tok, problems, reverse), tok.pad_id)  # (N, T) right-padded
-    logp, m = L.response_logps(model(ids), ids, mask, temperature)  # (N, T-1) each
-    J = L.masked_sum(logp, m, dim=1).exp().mean()
+    ids, offsets, mask = pack_left(gold_rows(tok, problems, reverse), tok.pad_id)  # (N, P+L), (N,), (N, L)
+    J = logprobs(model, ids, offsets, mask, temperature)[0].sum(1).exp().mean()  # 0 off the mask
     params = policy_params(model)
     return J.item(), flat(torch.autograd.grad(J, params), params)
 
 
-def rollout_batch(model, tok, problems, reverse, cfg, G, k, dyn):
-    """Batch k at group size G: cfg.samples // G prompts of a fresh seeded order, G samples each; with
-    dyn, rl.py's dynamic sampling (all-equal groups dropped, refilled). The same k gives the same
-    first round with and without dyn. None if no group has signal."""
-    rc = rl.Config(group_size=G, prompts_per_step=cfg.samples // G, overlong_window=0,
+def rollout_batch(model, task, cfg, G, k, dyn):
+    """Batch k at group size G: cfg.samples // G prompts (of task.train) in a fresh seeded order, G
+    samples each; with dyn, rl.py's dynamic sampling (all-equal groups dropped, refilled). The same k
+    gives the same first round with and without dyn. None if no group has signal."""
+    rc = rl.Config(group_size=G, prompts_per_step=cfg.samples // G, overlong_window=0, dynamic_sampling=dyn,
                    temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
-    sampler = rl.PromptSampler(len(problems), ("lab", cfg.seed, G, k), False)
-    gen = seeded("cpu", "lab", cfg.seed, G, k)
-    return rl.collect(model, tok, problems, sampler, rc, gen, reverse, dyn)[0]
+    run = rl.Run(model, model, None, None, task, PromptSampler(len(task.train), ("lab", cfg.seed, G, k), False), {})
+    return rl.collect(rc, L.ALGOS["grpo"], run, seeded("cpu", "lab", cfg.seed, G, k))[0]
 
 
 def directions(model, ref, batch, specs, cfg, G):
     """{spec name: -grad of its loss (D,)} on one rollout batch, at ratio 1 (on-policy), and the
     mean reward each loss saw. spec: (name, loss, hp, dyn); one forward, a backward per spec."""
-    P, T, params = batch["prompt_len"], cfg.temperature, policy_params(model)
-    mask = batch["response_mask"][:, P:].float()  # (N, L)
-    lp, _, values = rl.policy_logps(model, batch["ids"], batch["offsets"], batch["response_mask"], P, T,
-                                    True)  # (N, L) each, with grad
+    T, params, mask = cfg.temperature, policy_params(model), batch.mask  # mask (N, L)
+    rc = rl.Config(group_size=G, temperature=T)
+    lp, values, _ = rl.forward(model, batch, rc, L.ALGOS["ppo"])  # (N, L) each, with grad; PPO's V
     ref_logp = None
     if any(s[2].get("beta") for s in specs):  # theta = ref: the policy's own log-probs, no forward
-        ref_logp = lp.detach() if ref is model else rl.frozen_logps(ref, batch, T, 256)[0]
+        ref_logp = lp.detach() if ref is model else logprobs(ref, batch.ids, batch.offsets, mask, T, rows=256)[0]
     old_values = torch.where(mask.bool(), values.detach(), 0.0)  # (N, L) PPO's V_old
     out, reward = {}, {}
     for name, loss, hp, _ in specs:
-        b = dict(batch, values=old_values)
-        window = L.ALGOS[loss].overlong  # DAPO's overlong shaping joins its reward
-        if window:
-            pen = [overlong_penalty(int(n), cfg.max_new_tokens, window) for n in batch["length"]]
-            b["reward"] = batch["correct"] + torch.tensor(pen)
-        rc = rl.Config(loss=loss, group_size=G, temperature=T)
-        adv, extra = rl.advantages(rc, b, hp, ref_logp)
-        kw = dict(values=values) if loss == "ppo" else {}
-        obj, _ = L.LOSSES[loss](lp, batch["logps"], adv, mask, ref_logp, **hp, **extra, **kw)
+        b, row = replace(batch, values=old_values), L.ALGOS[loss]
+        if row.overlong:  # DAPO's overlong shaping joins its reward
+            pen = [overlong_penalty(int(n), cfg.max_new_tokens, row.overlong) for n in batch.length]
+            b.reward = batch.correct + torch.tensor(pen)
+        adv, extra = rl.advantages(replace(rc, loss=loss), row, hp, b, ref_logp, None)
+        kw = dict(values=values) if "values" in row.needs else {}
+        obj, _ = L.LOSSES[loss](lp, batch.mu, adv, mask, ref_logp, **hp, **extra, **kw)
         out[name] = flat(torch.autograd.grad(-obj, params, retain_graph=True, allow_unused=True), params)
-        reward[name] = b["reward"].mean().item()
+        reward[name] = b.reward.mean().item()
     return out, reward
 
 
@@ -139,13 +132,13 @@ def with_se(value, drops):
     return value.item(), ((K - 1) / K * ((drops - drops.mean()) ** 2).sum()).sqrt().item()
 
 
-def measure(model, ref, tok, problems, reverse, cfg, specs, G, grad_j):
+def measure(model, ref, task, cfg, specs, G, grad_j):
     """{spec name: {stat: (value, SE)}, "reward", "K", and "d_" + stat: the paired difference to
     REINFORCE on the same batches (dynamic sampling or not, as the spec)} over cfg.batches batches."""
     vecs, rewards = {s[0]: [] for s in specs}, {s[0]: [] for s in specs}
     for k in range(cfg.batches):
         for dyn in sorted({s[3] for s in specs}):
-            batch = rollout_batch(model, tok, problems, reverse, cfg, G, k, dyn)
+            batch = rollout_batch(model, task, cfg, G, k, dyn)
             mine = [s for s in specs if s[3] == dyn]
             d, r = directions(model, ref, batch, mine, cfg, G) if batch is not None else ({}, {})
             for name in d:
@@ -211,7 +204,7 @@ def plot(main, sweep, path):
 def main(cfg):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    pg = [n for n in L.LOSSES if L.ALGOS[n].advantage != "teacher"]  # opd, gkd follow a teacher, not J
+    pg = [n for n in L.LOSSES if "teacher" not in L.ALGOS[n].needs]  # opd, gkd follow a teacher, not J
     names = [n.strip() for n in cfg.losses.split(",") if n.strip()] or pg
     sweep_names = [n.strip() for n in cfg.sweep_losses.split(",") if n.strip()]
     Gs = [int(g) for g in cfg.group_sizes.split(",") if g.strip()]
@@ -223,28 +216,27 @@ def main(cfg):
     if cfg.batches < 3 or cfg.prompts < 1:
         raise UserError("batches must be >= 3 (a jackknife needs them) and prompts >= 1")
     dev = torch.device("cpu")
-    model, tok, task, reverse, vname, _ = load_policy(SimpleNamespace(sft_ckpt=cfg.ckpt, loss="ppo"), dev)
+    model, task = rl.load_policy(cfg.ckpt, True, dev)  # a value head for ppo
+    tok, vname = task.tok, task.verifier_name
     if vname != "exact" or not isinstance(tok, CharTokenizer):
         raise UserError(f"{cfg.ckpt}: the gradient lab needs the exact verifier and the char tokenizer "
                         f"(then J is the probability of one sequence); it has verifier {vname!r} and a "
                         f"{type(tok).__name__}")
     ref = model
     if cfg.ref_ckpt:
-        ref = load_policy(SimpleNamespace(sft_ckpt=cfg.ref_ckpt, loss="ppo"), dev)[0].requires_grad_(False)
+        ref = rl.load_policy(cfg.ref_ckpt, True, dev)[0].requires_grad_(False)
     print_config(cfg)
-    train = load_split(task, "train")
-    pick = torch.randperm(len(train), generator=seeded("cpu", "lab_prompts", cfg.seed))[:cfg.prompts]
-    problems = [train[i] for i in pick.tolist()]
-    J, grad_j = exact_objective(model, tok, problems, reverse, cfg.temperature)
+    pick = torch.randperm(len(task.train), generator=seeded("cpu", "lab_prompts", cfg.seed))[:cfg.prompts]
+    task.train = problems = [task.train[i] for i in pick.tolist()]
+    J, grad_j = exact_objective(model, tok, problems, task.reverse, cfg.temperature)
     print(f"J = {J:.4f}, |grad J| = {grad_j.norm():.4f} over {len(problems)} train prompts", flush=True)
     t0, specs = time.time(), specs_of(names, sweep_names, bool(cfg.ref_ckpt), cfg.max_new_tokens)
-    main_rows = measure(model, ref, tok, problems, reverse, cfg, specs, cfg.group_size, grad_j)
+    main_rows = measure(model, ref, task, cfg, specs, cfg.group_size, grad_j)
     print(f"main table: {time.time() - t0:.0f}s", flush=True)
     sweep = {}
     for G in Gs:
         mine = [s for s in specs if not s[3]]
-        rows = main_rows if G == cfg.group_size else measure(model, ref, tok, problems, reverse, cfg,
-                                                            mine, G, grad_j)
+        rows = main_rows if G == cfg.group_size else measure(model, ref, task, cfg, mine, G, grad_j)
         sweep.update({(G, s[0]): rows[s[0]] for s in mine})
         print(f"G={G}: {time.time() - t0:.0f}s", flush=True)
     write(cfg, J, grad_j, main_rows, sweep, time.time() - t0)

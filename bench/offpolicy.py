@@ -23,11 +23,11 @@ from statistics import mean
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import compare  # noqa: E402
-from checkpoint import ckpt_settings, load_checkpoint  # noqa: E402
-from config import UserError, print_config, run_cli  # noqa: E402
+from lab import compare  # noqa: E402
+from nanorl.checkpoint import ckpt_settings, load_checkpoint  # noqa: E402
+from nanorl.config import UserError, print_config, run_cli  # noqa: E402
 from data.tasks import ensure_data  # noqa: E402
-from evaluate import pass_k_name  # noqa: E402
+from nanorl.evaluate import pass_k_name  # noqa: E402
 
 CORRECTIONS = {"none": [], "tis": ["--rollout_is=tis"], "seq_tis": ["--rollout_is=seq_tis"],
                "icepop": ["--rollout_is=icepop"], "decoupled": ["--decoupled=true"]}  # -> rl.py flags

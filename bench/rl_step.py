@@ -22,11 +22,12 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import losses as L  # noqa: E402
 import rl  # noqa: E402
-from config import load_config  # noqa: E402
+from nanorl.config import load_config  # noqa: E402
 from data.tasks import ALPHABET, ensure_data, load_problems  # noqa: E402
-from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
+from nanorl.loop import adamw  # noqa: E402
 
 
 @dataclass
@@ -61,7 +62,7 @@ def main(b):
     train = load_problems(ensure_data("mul") / "train.txt")
     ref = copy.deepcopy(model).eval().requires_grad_(False)
     model.eval()
-    opt = model.configure_optimizer(1e-5, 0.0, (0.9, 0.99))
+    opt = adamw(model, 1e-5, 0.0)
     gen = torch.Generator().manual_seed(0)
     prompts = rl.PromptSampler(len(train), 1, False)
     roll, upd, tokens = [], [], []

@@ -14,7 +14,7 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from config import load_config  # noqa: E402
+from nanorl.config import load_config  # noqa: E402
 from model import GPT, GPTConfig, generate  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 

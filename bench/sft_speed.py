@@ -18,10 +18,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import sft  # noqa: E402
-from config import load_config  # noqa: E402
+from nanorl.config import load_config  # noqa: E402
 from data.tasks import ALPHABET, load_split  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
+from nanorl.loop import adamw  # noqa: E402
 
 
 @dataclass
@@ -39,7 +40,7 @@ def main(b):
     tok = CharTokenizer(ALPHABET)
     x, y, mask = sft.encode_split(tok, load_split("mul", "train"), True, 32, "response")
     model = GPT(GPTConfig(vocab_size=tok.vocab_size)).train()
-    opt = model.configure_optimizer(1e-4, 0.1, (0.9, 0.99))
+    opt = adamw(model, 1e-4, 0.1)
     variants = {"fp32": (b.batch_size, False), f"fp32 micro {b.micro_batch_size}": (b.micro_batch_size, False)}
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():
         variants["bf16"] = (b.batch_size, True)

@@ -19,11 +19,15 @@ import os
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from evaluate import encode_prompts, score_samples  # noqa: E402
-from losses import explained_variance, prefix_prob, token_logps  # noqa: E402
+from nanorl.evaluate import score_samples  # noqa: E402
+from nanorl.rows import encode_prompts  # noqa: E402
+from losses import prefix_prob  # noqa: E402
+from model import token_logps  # noqa: E402
+from nanorl.evaluate import explained_variance  # noqa: E402
 from data.tasks import load_split  # noqa: E402
-from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from model import generate, response_forward  # noqa: E402
+from nanorl.loop import adamw  # noqa: E402
 
 args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
 ckpt_path, n, G = args.get("ckpt", "out/sft-mul/ckpt.pt"), int(args.get("prompts", 1024)), 16
@@ -87,7 +91,7 @@ for it in range(1, 2001):
 
 critic = model_from_checkpoint(ckpt, ckpt_path, scalar_head=True)[0]
 torch.nn.init.zeros_(critic.score_head.weight)
-opt = critic.configure_optimizer(3e-4, 0.0, (0.9, 0.99))
+opt = adamw(critic, 3e-4, 0.0)
 fit_b, held_b = batches[:len(batches) * 3 // 4], batches[len(batches) * 3 // 4:]
 
 

@@ -34,13 +34,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import losses as L  # noqa: E402
 import rl  # noqa: E402
-from config import load_config  # noqa: E402
-from evaluate import grade  # noqa: E402
+from nanorl.config import load_config  # noqa: E402
+from nanorl.evaluate import grade  # noqa: E402
 from data.tasks import ALPHABET, format_prompt, load_split  # noqa: E402
-from gpt2 import HF_TRANSPOSED  # noqa: E402
-from checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from lab.gpt2 import HF_TRANSPOSED  # noqa: E402
+from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
+from nanorl.loop import adamw  # noqa: E402
 
 
 @dataclass
@@ -113,7 +114,7 @@ def main(b):
     def our_step():
         nonlocal opt
         if opt is None:
-            opt = model.configure_optimizer(b.lr, 0.0, (0.9, 0.99))
+            opt = adamw(model, b.lr, 0.0)
         model.eval()  # as rl.py: dropout off for every log-prob
         t0 = time.perf_counter()
         batch, _ = rl.collect(model, tok, train, prompts, cfg, gen, reverse, dyn=False)

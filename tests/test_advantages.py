@@ -12,10 +12,16 @@ import rl
 P, T = 2, 4  # prompt length (response_mask spans prompt + response; the losses see [:, P:]), response length
 
 
-def _batch(reward, lengths, **kw):
-    """A rollout batch as rl.collect returns it, with only the keys rl.advantages reads."""
-    mask = torch.tensor([[0] * P + [1] * n + [0] * (T - n) for n in lengths])  # 0 on the prompt
-    return dict(reward=torch.tensor(reward), response_mask=mask, prompt_len=P, **kw)
+def _batch(reward, lengths, logps=None, **kw):
+    """A rollout as rl.collect returns it, with only the fields rl.advantages reads."""
+    mask = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])  # (N, T) the response tokens
+    lp = torch.zeros(mask.shape) if logps is None else logps
+    return rl.Rollout(torch.zeros(len(lengths), P + T, dtype=torch.long), torch.zeros(len(lengths)), mask, lp,
+                      reward=torch.tensor(reward), old=lp, **kw)
+
+
+def advantages(loss, G, batch, hp, ref_logp):
+    return rl.advantages(rl.Config(loss=loss, group_size=G), L.ALGOS[loss], hp, batch, ref_logp, None)
 
 
 def _pad(rows, junk):
@@ -49,7 +55,7 @@ def test_group_advantage_kind_of_each_loss(loss, kind, first_group):
     gets exactly 0. GAPO also gets each row's group count of correct answers and G."""
     correct = torch.tensor([1, 0, 0, 0, 1, 1, 0, 0, 0])
     batch = _batch(REWARDS, [4, 2, 3] * 3, correct=correct)
-    adv, extra = rl.advantages(rl.Config(loss=loss, group_size=3), batch, L.resolve_hparams(loss), None)
+    adv, extra = advantages(loss, 3, batch, L.resolve_hparams(loss), None)
     assert adv.shape == (9,)
     assert adv.tolist() == pytest.approx(_by_kind(REWARDS, 3, kind), abs=1e-5)
     assert adv[6:].tolist() == [0.0, 0.0, 0.0]
@@ -72,7 +78,7 @@ def test_kl_in_the_reward_of_reinforce_and_rloo(loss, kind):
     shaped = [r - beta * sum(a - b for a, b in zip(x, y)) for r, x, y in zip(reward, lp, ref)]
     batch = _batch(reward, lengths, logps=_pad(lp, 5.0))
     hp = L.resolve_hparams(loss, beta=beta)
-    adv, _ = rl.advantages(rl.Config(loss=loss, group_size=3), batch, hp, _pad(ref, -3.0))
+    adv, _ = advantages(loss, 3, batch, hp, _pad(ref, -3.0))
     assert adv.tolist() == pytest.approx(_by_kind(shaped, 3, kind), abs=1e-5)
     assert shaped[:3] == pytest.approx([1.02, 0.1, -0.07])  # 1 - 0.1 * -0.2, 0 - 0.1 * -1.0, 0 - 0.1 * 0.7
 
@@ -99,7 +105,7 @@ def test_cliff_token_advantages():
     rewards, first_wrong, lengths = [1, 0, 0, 0, 0, 1], [-1, 1, 0, 2, -1, -1], [3, 4, 2, 4, 1, 2]
     batch = _batch([float(r) for r in rewards], lengths, correct=torch.tensor(rewards),
                    first_wrong=torch.tensor(first_wrong))
-    adv, extra = rl.advantages(rl.Config(loss="cliff", group_size=3), batch, L.resolve_hparams("cliff"), None)
+    adv, extra = advantages("cliff", 3, batch, L.resolve_hparams("cliff"), None)
     want = _cliff_by_hand(rewards, first_wrong, lengths, 3)
     assert adv.shape == (6, T) and extra == {}
     torch.testing.assert_close(adv, _pad(want, 0.0), atol=1e-5, rtol=0)
@@ -135,19 +141,20 @@ def test_ppo_token_rewards_gae_and_whitening(beta, gamma, lam, with_ref):
     batch = _batch(score, lengths, logps=_pad(lp, 5.0), values=_pad(V, 2.0))
     hp = L.resolve_hparams("ppo", beta=beta, gamma=gamma, lam=lam)
     ref_logp = _pad(ref, -3.0) if with_ref else None
-    got, extra = rl.advantages(rl.Config(loss="ppo", group_size=3), batch, hp, ref_logp)
+    got, extra = advantages("ppo", 3, batch, hp, ref_logp)
     torch.testing.assert_close(got, _pad(white, 0.0), atol=1e-5, rtol=0)
     torch.testing.assert_close(extra["returns"], _pad(ret, 0.0), atol=1e-6, rtol=0)
-    assert extra["old_values"] is batch["values"]
+    assert extra["old_values"] is batch.values
 
 
 def test_only_dapo_shapes_overlong_answers_by_default():
     """DAPO's overlong window (2 tokens) is the only rollout default that differs by loss; the flag
     overrides it either way."""
-    windows = {name: rl.overlong_window(rl.Config(loss=name)) for name in L.ALGOS}
+    def window(**kw):  # rl.check fills the row's default in
+        return rl.check(rl.Config(teacher_ckpt="t.pt", **kw))[0].overlong_window
+    windows = {name: window(loss=name) for name in L.ALGOS}
     assert windows.pop("dapo") == 2 and set(windows.values()) == {0}
-    assert rl.overlong_window(rl.Config(loss="dapo", overlong_window=0)) == 0
-    assert rl.overlong_window(rl.Config(loss="grpo", overlong_window=3)) == 3
+    assert window(loss="dapo", overlong_window=0) == 0 and window(loss="grpo", overlong_window=3) == 3
 
 
 @pytest.mark.parametrize("loss,whitened", [
@@ -167,7 +174,7 @@ def test_reinforce_pp_token_returns_whitened_over_the_batch(loss, whitened):
     lp = [[-0.5, -1.0], [-0.2], [-1.0, -0.3, -0.6], [-0.4, -0.9]]
     ref = [[-0.7, -0.6], [-0.8], [-1.0, -0.5, -0.4], [-0.8, -0.9]]  # k1 = lp - ref = [[0.2, -0.4], [0.6], ...]
     batch = _batch([1.0, 0.0, 0.5, 2.0], lengths, logps=_pad(lp, 5.0))
-    adv, extra = rl.advantages(rl.Config(loss=loss, group_size=2), batch, L.resolve_hparams(loss, beta=0.5),
+    adv, extra = advantages(loss, 2, batch, L.resolve_hparams(loss, beta=0.5),
                                _pad(ref, -3.0))
     assert extra == {} and adv.shape == (4, T)
     torch.testing.assert_close(adv, _pad(whitened, 0.0), atol=1e-5, rtol=0)
@@ -175,5 +182,5 @@ def test_reinforce_pp_token_returns_whitened_over_the_batch(loss, whitened):
 
 def test_remax_advantage_is_the_reward_minus_the_greedy_reward():
     batch = _batch([1.0, 0.0, 0.0, 1.0], [2, 1, 3, 2], baseline=torch.tensor([1.0, 1.0, 0.0, 0.0]))
-    adv, extra = rl.advantages(rl.Config(loss="remax", group_size=2), batch, L.resolve_hparams("remax"), None)
+    adv, extra = advantages("remax", 2, batch, L.resolve_hparams("remax"), None)
     assert adv.tolist() == [0.0, -1.0, 0.0, 1.0] and extra == {}

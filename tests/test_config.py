@@ -4,7 +4,7 @@ from typing import Optional
 
 import pytest
 
-from config import UserError, load_config
+from nanorl.config import UserError, load_config
 
 
 @dataclass

@@ -4,10 +4,9 @@ import random
 
 import pytest
 
-from data.tasks import (ALPHABET, WRONG_KINDS, DataError, compute, ensure_data, format_answer,
-                        labelled, load_problems, load_split, parse_answer, problems_of, split_pairs,
-                        wrong_answer)
-from gpt2 import text_prompt
+from data.tasks import (ALPHABET, DataError, compute, ensure_data, format_answer, labelled,
+                        load_problems, load_split, parse_answer, problems_of, split_pairs, text_prompt)
+from nanorl.pref import WRONG_KINDS, ensure_pairs, wrong_answer
 
 
 @pytest.mark.parametrize("task", ["mul", "add"])
@@ -31,7 +30,7 @@ def test_mul_covers_every_pair_once_and_holds_out_only_two_digit_problems():
 
 
 def test_files_written_and_parsed(tmp_path):
-    root = ensure_data("mul", data_dir=tmp_path)
+    root = ensure_pairs("mul", data_dir=tmp_path)  # the splits, then the preference files
     test = load_problems(root / "test.txt")
     assert all(compute("*", *map(int, p[:-1].split("*"))) == int(a) for p, a in test)
     assert (root / "test.txt").read_text().splitlines()[0].count("=") == 1
@@ -40,7 +39,7 @@ def test_files_written_and_parsed(tmp_path):
     assert all(p["chosen"] != p["rejected"] and (p["rejected"] == "0" or p["rejected"][0] != "0") for p in pairs)
     kto = [json.loads(l) for l in open(root / "kto_train.jsonl")]
     assert {k["label"] for k in kto} == {True, False}
-    assert ensure_data("mul", data_dir=tmp_path) == root  # second call does nothing
+    assert ensure_data("mul", data_dir=tmp_path) == root == ensure_pairs("mul", data_dir=tmp_path)
 
 
 def test_wrong_answers_are_wrong():

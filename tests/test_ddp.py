@@ -13,11 +13,11 @@ import torch
 import torch.multiprocessing as mp
 
 import losses as L
-import pref
+from nanorl import pref
 import rl
 from model import GPT, GPTConfig, generate
-from policy import optimizer_step
-from test_rl import ROOT, sft_ckpt  # noqa: F401 (fixture)
+from nanorl.loop import adamw, optimizer_step
+from test_rl import ROOT, sft_ckpt, update_once  # noqa: F401 (fixture)
 from tokenizer import CharTokenizer
 
 G = 4
@@ -39,24 +39,27 @@ def rollout_batch():
     g = torch.Generator().manual_seed(1)
     out = generate(model, prompts, 6, tok.eos_id, tok.pad_id, G=G, temperature=1.0, generator=g)
     reward = torch.tensor([1., 0, 0, 1, 0, 0, 0, 1, 1, 1, 0, 1, 0, 1, 0, 0])  # (N,) every group mixed
-    out.update(reward=reward, correct=reward, first_wrong=torch.full((16,), -1),
-               length=out["response_mask"].sum(1).float(), finished=torch.ones(16, dtype=torch.bool))
-    return model, tok, out
+    mask = out["response_mask"][:, out["prompt_len"]:]
+    return model, tok, rl.Rollout(out["ids"], out["offsets"], mask, out["logps"], out["logps"], reward, reward,
+                                  torch.full((16,), -1), mask.sum(1).float(), torch.ones(16, dtype=torch.bool))
 
 
 def one_update(model, tok, batch, loss, **kw):
     """One rl.py update of `loss` on batch (a rollout, or for dpo/sft the rows it gives); returns the
     optimizer, whose state counts the steps taken."""
     cfg = rl.Config(loss=loss, group_size=G, max_new_tokens=6, **kw)
-    hp = L.resolve_hparams(loss, **({"max_new_tokens": 6} if "max_new_tokens" in L.DEFAULTS[loss] else {}))
-    ref = copy.deepcopy(model).requires_grad_(False)
-    opt = model.configure_optimizer(1e-2, 0.0, (0.9, 0.99))
     if loss in ("dpo", "sft"):  # dpo: a (correct, wrong) pair per group; sft: the correct samples (rft's rows)
-        rows, labels = pref.rollout_rows(batch, "dpo" if loss == "dpo" else "rft", G)
-        optimizer_step(model, opt, pref.loss(model, ref, tok, rows, labels, loss, hp)[0], 1e-2, cfg.grad_clip)
-    else:
-        rl.update(model, ref, opt, batch, cfg, hp, torch.Generator().manual_seed(0), 1e-2)
-    return opt
+        row, ref = L.ALGOS[loss if loss == "dpo" else "rft"], copy.deepcopy(model).requires_grad_(False)
+        rows, labels = pref.rollout_rows(batch, row, G)
+        loss, _ = pref.rows_loss(model, ref, tok.pad_id, rows, labels, row, L.resolve_hparams(row_name(row)))
+        opt = adamw(model, 1e-2, 0.0)
+        optimizer_step(model, opt, loss, 1e-2, cfg.grad_clip)
+        return opt
+    return update_once(cfg, model, batch)[0].opt
+
+
+def row_name(row):
+    return next(n for n, a in L.ALGOS.items() if a is row)
 
 
 # (name, loss, rank owning each of the 4 groups, Config overrides). Uneven: rank 0 holds 3 groups in 3
@@ -72,16 +75,16 @@ CASES = [("grpo", "grpo", [0, 0, 1, 1], {}), ("dapo", "dapo", [0, 0, 1, 1], {}),
 def ddp_worker(rank, world, port, out_dir):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    from ddp import init_distributed
+    from nanorl.ddp import init_distributed
     init_distributed(torch.device("cpu"), timeout_s=60)
     for name, loss, owner, kw in CASES:
         model, tok, batch = rollout_batch()
-        one_update(model, tok, rl.select_groups(batch, torch.tensor(owner) == rank, G), loss, **kw)
+        one_update(model, tok, rl.rows.take(batch, (torch.tensor(owner) == rank).repeat_interleave(G)), loss, **kw)
         if rank == 0:
             torch.save(model.state_dict(), os.path.join(out_dir, f"{name}.pt"))
     # minibatches=3 on 12 rows and on 4: each rank takes exactly 3 optimizer steps, the same ones
     model, tok, batch = rollout_batch()
-    opt = one_update(model, tok, rl.select_groups(batch, torch.tensor([0, 0, 0, 1]) == rank, G), "grpo", minibatches=3)
+    opt = one_update(model, tok, rl.rows.take(batch, (torch.tensor([0, 0, 0, 1]) == rank).repeat_interleave(G)), "grpo", minibatches=3)
     steps = {int(s["step"]) for s in opt.state.values()}
     torch.save({"steps": steps, "model": model.state_dict()}, os.path.join(out_dir, f"minibatches{rank}.pt"))
     torch.distributed.destroy_process_group()
@@ -95,7 +98,7 @@ def test_ranks_with_any_share_of_the_groups_equal_one_process_on_the_whole_batch
     mp.spawn(ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2)
     for name, loss, owner, kw in CASES:
         model, tok, batch = rollout_batch()
-        assert batch["response_mask"][:8].sum() != batch["response_mask"][8:].sum()  # unequal token counts per rank
+        assert batch.mask[:8].sum() != batch.mask[8:].sum()  # unequal token counts per rank
         start = copy.deepcopy(model.state_dict())
         one_update(model, tok, batch, loss, **kw)
         ddp = torch.load(tmp_path / f"{name}.pt", weights_only=True)
@@ -109,7 +112,8 @@ def test_ranks_with_any_share_of_the_groups_equal_one_process_on_the_whole_batch
 
 RANK_SCRIPT = """
 import os, sys
-import config, rl
+import rl
+from nanorl import config
 if os.environ["RANK"] == "1":  # dies in its second update; must never write a file
     real, n = rl.update, [0]
     def dying(*a, **k):
@@ -118,7 +122,7 @@ if os.environ["RANK"] == "1":  # dies in its second update; must never write a f
             os._exit(3)
         return real(*a, **k)
     rl.update = dying
-    rl.save_checkpoint = lambda *a, **k: sys.exit("rank 1 wrote a checkpoint")
+    rl.loop.save_checkpoint = lambda *a, **k: sys.exit("rank 1 wrote a checkpoint")
     rl.Logger.log = lambda self, m: sys.exit("rank 1 wrote metrics") if self.enabled else None
 sys.argv = ["rl.py"] + sys.argv[1:]
 config.run_cli(rl.main, rl.Config)
@@ -141,13 +145,14 @@ def test_a_dead_rank_makes_the_other_exit_clearly(sft_ckpt, tmp_path):  # noqa: 
     lines = err0.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: rank 0: another rank died"), err0
     assert set(os.listdir(tmp_path)) <= {"best.pt", "ckpt.pt", "metrics.jsonl"}  # rank 0's files, no temp left
-    assert "step    1/5" in out0 and "step    2/5" not in out0
+    assert "step     1/5" in out0 and "step     2/5" not in out0
 
 
 UNEVEN_SCRIPT = """
 import sys
-import config, rl
-rl.exact_answer = lambda text, gold, reverse=False: float(text[:1] == "1")  # groups with signal
+import rl
+from nanorl import config
+import verify; verify.VERIFIERS["exact"] = lambda text, gold, reverse=False: float(text[:1] == "1")  # signal
 sys.argv = ["rl.py"] + sys.argv[1:]
 config.run_cli(rl.main, rl.Config)
 """

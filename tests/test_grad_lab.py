@@ -10,9 +10,11 @@ import torch
 
 import losses as L
 from bench import grad_lab as lab
-from checkpoint import save_checkpoint
+from nanorl.checkpoint import save_checkpoint
 from data.tasks import ALPHABET
-from evaluate import gold_rows, pack
+from nanorl.evaluate import Task
+from nanorl.pref import nll_loss, row_logps
+from nanorl.rows import gold_rows
 from model import GPT, GPTConfig
 from tokenizer import CharTokenizer
 
@@ -28,13 +30,16 @@ def tiny():
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=32,
                           scalar_head=True))
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    ids, mask = pack(gold_rows(tok, PROBLEMS, False), tok.pad_id)
     for _ in range(40):
-        logp, m = L.response_logps(model(ids), ids, mask)
+        loss, _ = nll_loss(*row_logps(model, gold_rows(tok, PROBLEMS, False), tok.pad_id))
         opt.zero_grad()
-        (-L.masked_sum(logp, m) / m.sum()).backward()
+        loss.backward()
         opt.step()
     return model.eval(), tok
+
+
+def task_of(tok):
+    return Task(tok, "mul", False, "exact", 0, list(PROBLEMS))
 
 
 def cfg(**kw):
@@ -77,7 +82,7 @@ def test_j_is_the_monte_carlo_mean_reward(tiny):
     model, tok = tiny
     c = cfg(samples=len(PROBLEMS) * 64, group_size=64)  # every batch: each prompt once, 64 samples
     J = lab.exact_objective(model, tok, PROBLEMS, False)[0]
-    per_prompt = torch.stack([lab.rollout_batch(model, tok, PROBLEMS, False, c, 64, k, False)["correct"]
+    per_prompt = torch.stack([lab.rollout_batch(model, task_of(tok), c, 64, k, False).correct
                               .view(-1, 64).mean(1) for k in range(20)]).mean(0)  # (4,) sorted?
     mc = per_prompt.mean().item()
     se = math.sqrt(sum(p * (1 - p) for p in per_prompt.tolist()) / (20 * 64)) / len(PROBLEMS)
@@ -89,7 +94,7 @@ def test_losses_that_share_a_gradient_at_ratio_one_give_the_same_direction(tiny)
     c = cfg()
     specs = lab.specs_of(["reinforce", "rloo", "dr_grpo", "grpo", "gspo", "sapo", "pnpo"],
                          [], False, c.max_new_tokens)
-    batch = lab.rollout_batch(model, tok, PROBLEMS, False, c, c.group_size, 0, True)
+    batch = lab.rollout_batch(model, task_of(tok), c, c.group_size, 0, True)
     d, _ = lab.directions(model, model, batch, [s for s in specs if s[3]], c, c.group_size)
 
     def cos(a, b):
@@ -104,7 +109,7 @@ def test_reinforce_mean_direction_converges_to_grad_j(tiny):
     model, tok = tiny
     g = lab.exact_objective(model, tok, PROBLEMS, False)[1]
     specs = [s for s in lab.specs_of(["reinforce"], [], False, 4) if not s[3]]  # no dynamic sampling
-    few, many = (lab.measure(model, model, tok, PROBLEMS, False, cfg(batches=K), specs, 8, g)
+    few, many = (lab.measure(model, model, task_of(tok), cfg(batches=K), specs, 8, g)
                  ["reinforce, no dyn"] for K in (4, 96))
     cos_inf, se = many["cos_inf"]
     assert abs(cos_inf - 1) < 2 * se < 0.1, many  # unbiased in direction: 1.007 +- 0.033 here

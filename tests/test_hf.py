@@ -6,8 +6,8 @@ import pytest
 import torch
 import transformers
 
-from gpt2 import from_pretrained
-from checkpoint import CheckpointError
+from lab.gpt2 import from_pretrained
+from nanorl.checkpoint import CheckpointError
 
 torch.set_num_threads(1)
 

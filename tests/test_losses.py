@@ -4,10 +4,15 @@ import math
 import pytest
 import torch
 
-from losses import (ALGOS, BASELINES, DEFAULTS, LOSSES, PREF_LOSSES, adaptive_beta, bt_loss, clip_objective, cov_select,
-                    cliff_advantages, explained_variance, gae, gapo_eps_high, group_advantages, kl_estimate,
-                    kl_in_reward, masked_mean, masked_sum, nll_loss, prefix_prob, resolve_hparams,
-                    response_logps, sequence_ratio, token_entropy, whiten)
+from losses import (ALGOS, DEFAULTS, LOSSES, adaptive_beta, clip_objective,
+                    cliff_advantages, gae, group_advantages, kl_estimate,
+                    kl_in_reward, masked_mean, masked_sum, prefix_prob, resolve_hparams,
+                    token_entropy, whiten)
+from model import token_logps
+from nanorl.evaluate import explained_variance
+from nanorl.pref import log1mexp, nll_loss
+from nanorl.rm import bt_loss
+from nanorl.cov import cov_select
 
 # the reference batch: two right-padded responses of lengths 3 and 2
 LOGP = [[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]]
@@ -99,11 +104,13 @@ def test_rloo_advantage_under_grpo_normaliser():
 
 
 def test_sequence_ratio():
-    """s_i = exp(mean of d_t over the |y_i| response tokens): a geometric mean, not a product, and the
-    padding (junk 7.0 here) is not counted: exp(0.07/3) and exp(0.2/2)."""
+    """GSPO's s_i = exp(mean of d_t over the |y_i| response tokens): a geometric mean, not a product, and the
+    padding (junk 7.0 here) is not counted: exp(0.07/3) and exp(0.2/2). With A = 1 and no clip the loss is
+    -(s_0 + s_1) / 2."""
     d = torch.tensor([[0.10, -0.05, 0.02], [0.3, -0.1, 7.0]])
-    s = sequence_ratio(d + 0.5, torch.full((2, 3), 0.5), torch.tensor([[1, 1, 1], [1, 1, 0]]))
-    assert s.tolist() == pytest.approx([1.023607, 1.105171], abs=1e-6)
+    loss, _ = LOSSES["gspo"](d + 0.5, torch.full((2, 3), 0.5), torch.ones(2), torch.tensor([[1, 1, 1], [1, 1, 0]]),
+                             eps_low=10.0, eps_high=10.0)
+    assert loss.item() == pytest.approx(-(1.023607 + 1.105171) / 2, abs=1e-6)
 
 
 @pytest.mark.parametrize("r,A,obj,grad,clip_c", [
@@ -157,9 +164,15 @@ def test_ppo_epochs_reference():
     assert _ppo_epochs(float("inf"), 20)[-1] == pytest.approx(0.921, abs=5e-4)
 
 
-def test_gapo_bound():
-    assert [gapo_eps_high(c, 8, 0.003, 0.005) for c in (1, 4, 8)] == pytest.approx([0.005, 0.0041429, 0.003],
-                                                                                abs=5e-8)
+@pytest.mark.parametrize("c, bound", [(1, 0.005), (4, 0.0041429), (7, 0.0032857)])
+def test_gapo_bound(c, bound):
+    """GAPO's upper clip for c of G = 8 correct: eps_low + (eps_high - eps_low)(G - c)/(G - 1), 0.003 .. 0.005:
+    a ratio just inside it keeps its gradient, one just outside loses it."""
+    logp = torch.log(torch.tensor([[1 + bound - 2e-5], [1 + bound + 2e-5]])).requires_grad_(True)
+    loss, _ = LOSSES["gapo"](logp, torch.zeros(2, 1), torch.ones(2), torch.ones(2, 1),
+                             group_correct=torch.tensor([c, c]), group_size=8)
+    loss.backward()
+    assert logp.grad[0].item() < 0 and logp.grad[1].item() == 0
 
 
 def test_gapo_group_dependent_clip_and_refusals():
@@ -280,14 +293,13 @@ def test_masked_reductions():
     assert masked_mean(x, m.bool()).item() == 1.5
 
 
-def test_response_logps_shift_and_temperature():
-    logits = torch.zeros(1, 3, 2)
-    logits[0, 1] = torch.tensor([0.0, math.log(3.0)])  # position 1 scores token 2: p = [0.25, 0.75]
-    ids, rmask = torch.tensor([[0, 1, 1]]), torch.tensor([[0, 1, 1]])
-    logp, mask = response_logps(logits, ids, rmask)
-    assert torch.equal(mask, rmask[:, 1:])
+def test_token_logps_and_temperature():
+    logits = torch.zeros(1, 2, 2)
+    logits[0, 1] = torch.tensor([0.0, math.log(3.0)])  # p = [0.25, 0.75]
+    ids, mask = torch.tensor([[1, 1]]), torch.tensor([[1, 1]])
+    logp = token_logps(logits, ids, mask)
     assert torch.allclose(logp, torch.tensor([[math.log(0.5), math.log(0.75)]]))
-    logp, _ = response_logps(logits, ids, rmask, temperature=2.0)
+    logp = token_logps(logits, ids, mask, temperature=2.0)
     assert logp[0, 1].item() == pytest.approx(math.log(math.sqrt(3) / (1 + math.sqrt(3))), abs=1e-6)
     assert token_entropy(logits)[0, 1].item() == pytest.approx(0.562335, abs=1e-6)
     assert token_entropy(torch.zeros(1, 1, 5), temperature=0.7).item() == pytest.approx(math.log(5), abs=1e-6)
@@ -300,7 +312,7 @@ def test_padding_with_inf_logits_gives_no_nan():
     logits.requires_grad_(True)
     ids = torch.tensor([[1, 2, 3, 4], [1, 2, 0, -1]])  # -1: an invalid id at padding
     rmask = torch.tensor([[0, 1, 1, 1], [0, 1, 1, 0]])
-    logp, mask = response_logps(logits, ids, rmask)
+    logp = token_logps(logits[:, :-1], ids[:, 1:], rmask[:, 1:])
     assert torch.equal(logp[1, 2:], torch.zeros(1)) and torch.isfinite(logp).all()
     ent = token_entropy(logits)
     (logp.sum() + masked_mean(ent, rmask)).backward()
@@ -449,8 +461,8 @@ def test_resolve_hparams():
     assert resolve_hparams("reinforce", eps_low=None) == dict(beta=0.0)  # None for a knob it lacks: ignored
     assert (resolve_hparams("sapo")["tau_neg"], resolve_hparams("cispo")["eps_max"]) == (1.05, 5.0)
     assert resolve_hparams("cliff") == resolve_hparams("grpo")
-    assert set(LOSSES) | set(PREF_LOSSES) | set(BASELINES) == set(DEFAULTS) and not set(LOSSES) & set(PREF_LOSSES)
-    assert not (set(LOSSES) | set(PREF_LOSSES)) & set(BASELINES)
+    assert set(LOSSES) == {n for n, a in ALGOS.items() if a.family == "pg"} and set(ALGOS) == set(DEFAULTS)
+    assert {a.family for a in ALGOS.values()} == {"pg", "pref", "sft"}
     with pytest.raises(ValueError, match="eps_lo\\b.*eps_low"):
         resolve_hparams("grpo", eps_lo=0.1)
     with pytest.raises(ValueError, match="'ppo2'.*grpo.*dapo"):
@@ -474,7 +486,6 @@ def test_a_loss_takes_any_subset_of_its_hyperparameters():
 def test_log1mexp_is_accurate_on_both_sides_of_minus_log_2(x):
     """log(1 - e^x) in float32: log(-expm1(x)) near 0, log1p(-exp(x)) far from it; the wrong branch is
     off by 0.013 at x = -1e-6 (1 - exp(x) loses its digits)."""
-    from losses import log1mexp
     assert log1mexp(torch.tensor(x)).item() == pytest.approx(math.log(-math.expm1(x)), abs=2e-6, rel=1e-6)
 
 
@@ -484,8 +495,9 @@ def test_loss_errors():
         call_loss("grpo", logp, OLD, ADV, MASK, eps=0.1)
     with pytest.raises(ValueError, match="ref_logp"):
         call_loss("grpo", logp, OLD, ADV, MASK)  # default beta 0.04 needs a reference
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        call_loss("dr_grpo", logp, OLD, ADV, MASK)
+    # Dr. GRPO's constant defaults to the batch's padded length (rl.py passes max_new_tokens)
+    assert call_loss("dr_grpo", logp, OLD, ADV, MASK)[0] == call_loss("dr_grpo", logp, OLD, ADV, MASK,
+                                                                      max_new_tokens=3)[0]
     with pytest.raises(ValueError, match="per-sequence"):
         call_loss("gspo", logp, OLD, torch.ones(2, 3), MASK)
 
@@ -582,7 +594,7 @@ def test_bradley_terry_one_sgd_step():
 
 
 def test_nll_baseline_is_the_token_mean_over_the_batch():
-    """losses.nll_loss (rl.py --loss=sft / rft): -sum m*logp / (all response tokens of the batch)."""
+    """pref.nll_loss (rl.py --loss=sft / rft): -sum m*logp / (all response tokens of the batch)."""
     logp = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, float("-inf")]], requires_grad=True)
     loss, stats = nll_loss(logp, MASK)
     assert loss.item() == pytest.approx((1.0 + 0.5 + 2.0 + 0.3 + 1.2) / 5) and float(stats["nll"]) == loss.item()
@@ -590,7 +602,7 @@ def test_nll_baseline_is_the_token_mean_over_the_batch():
     torch.testing.assert_close(logp.grad, torch.tensor([[-0.2, -0.2, -0.2], [-0.2, -0.2, 0.0]]))  # padding: 0, not NaN
     part, _ = nll_loss(logp[:1], MASK[:1], n_tokens=5)  # a micro-batch with the global token count
     assert part.item() == pytest.approx(3.5 / 5)
-    assert BASELINES == {"sft": nll_loss, "rft": nll_loss} and DEFAULTS["sft"] == DEFAULTS["rft"] == {}
+    assert ALGOS["sft"].objective is ALGOS["rft"].objective is nll_loss and DEFAULTS["sft"] == DEFAULTS["rft"] == {}
 
 # ----------------------------------------------------------------------------- by hand: beta > 0, PNPO, PPO
 

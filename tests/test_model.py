@@ -5,10 +5,11 @@ import pickle
 import pytest
 import torch
 
-from losses import response_logps
-from checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
+from model import token_logps
+from nanorl.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
 from model import GPT, GPTConfig, generate
 from tokenizer import CharTokenizer
+from nanorl.loop import adamw
 
 torch.set_num_threads(1)
 EOS, PAD = 1, 0
@@ -111,12 +112,12 @@ def test_sampler_logps_equal_trainer_logps(temperature):
     prompts = prompts_of([4, 6, 5])
     out = generate(model, prompts, 12, EOS, PAD, G=4, temperature=temperature,
                    generator=torch.Generator().manual_seed(0))
-    logits = model(out["ids"], out["offsets"])
-    logp, mask = response_logps(logits, out["ids"], out["response_mask"], temperature=temperature)
-    P = out["prompt_len"]
-    logp, mask = logp[:, P - 1:], mask[:, P - 1:]  # align to the response
-    assert torch.equal(mask, out["response_mask"][:, P:].to(mask.dtype))
+    logits, P = model(out["ids"], out["offsets"]), out["prompt_len"]
+    mask = out["response_mask"][:, P:]  # (N, L) the response
+    logp = token_logps(logits[:, P - 1:-1], out["ids"][:, P:], mask, temperature)  # position t scores t+1
     assert (logp - out["logps"]).abs().max() <= 1e-5
+    from model import logprobs  # the trainer's one route gives the same
+    assert (logprobs(model, out["ids"], out["offsets"], mask, temperature)[0] - out["logps"]).abs().max() <= 1e-5
 
 
 @pytest.mark.parametrize("pad_id", [PAD, EOS])  # also when PAD == EOS (failure mode 1)
@@ -159,7 +160,7 @@ def test_scalar_head_shape():
 def test_checkpoint_round_trip(tmp_path):
     model = tiny()
     tok = CharTokenizer("0123456789+*=-")
-    opt = model.configure_optimizer(1e-3, 0.1, (0.9, 0.99))
+    opt = adamw(model, 1e-3, 0.1)
     model(torch.randint(2, 16, (2, 5))).sum().backward()
     opt.step()
     path = tmp_path / "ckpt.pt"
@@ -172,7 +173,7 @@ def test_checkpoint_round_trip(tmp_path):
     x = torch.randint(2, 16, (2, 6))
     assert torch.equal(model(x), model2.eval()(x))
     assert tok2.encode("12*3=") == tok.encode("12*3=")
-    opt2 = model2.configure_optimizer(1e-3, 0.1, (0.9, 0.99))
+    opt2 = adamw(model2, 1e-3, 0.1)
     opt2.load_state_dict(raw["optimizer"])
 
 
@@ -235,8 +236,7 @@ def test_grouped_forward_equals_the_full_forward(scalar):
     for a, b in zip(res["full"][1], res["grouped"][1]):  # float sums in another order: relative to the size
         assert (a - b).abs().max() <= 1e-5 * a.abs().max()
     logits = res["grouped"][0][0][:15]
-    logp, mask = response_logps(torch.cat([logits, logits[:, :1]], 1), ids[:15, P - 1:],
-                                out["response_mask"][rows, P - 1:])
+    logp = token_logps(logits, ids[:15, P:], out["response_mask"][rows, P:])
     assert (logp - out["logps"][rows]).abs().max() <= 1e-6
 
 

@@ -6,10 +6,11 @@ import math
 import pytest
 import torch
 
+import losses as L
 import reward_model
 import rl
-from config import UserError
-from checkpoint import load_checkpoint, save_checkpoint
+from nanorl.config import UserError
+from nanorl.checkpoint import load_checkpoint, save_checkpoint
 from model import GPT, GPTConfig
 from tokenizer import CharTokenizer
 
@@ -50,8 +51,8 @@ def test_rm_score_is_the_head_at_eos_plus_the_answer_log_likelihood():
             lp = torch.log_softmax(logits[0, len(p) - 1:-1], -1)[torch.arange(len(r)), torch.tensor(r)]  # (len(r),)
             assert s[i].item() == pytest.approx(full[0, -1].item() + coef * lp.sum().item(), abs=1e-5)
             assert torch.allclose(logp[i][mask[i].bool()], lp, atol=1e-5)
-    rollout = {"ids": torch.tensor([[3, 4, 5, 6, 1, 0], [0, 3, 4, 7, 8, 1]]), "offsets": torch.tensor([0, 1]),
-               "response_mask": torch.tensor([[0, 0, 0, 1, 1, 0], [0, 0, 0, 1, 1, 1]])}  # prompts left-padded to 3
+    rollout = rl.Rollout(torch.tensor([[3, 4, 5, 6, 1, 0], [0, 3, 4, 7, 8, 1]]), torch.tensor([0, 1]),
+                         torch.tensor([[1, 1, 0], [1, 1, 1]]), None)  # prompts left-padded to 3
     assert torch.allclose(rl.RewardModel(model, 0.5)(rollout), s, atol=1e-5)
 
 
@@ -72,9 +73,9 @@ def test_ppo_value_is_the_head_times_the_policy_probability_of_the_path_so_far()
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=16, n_layer=1, n_head=2, n_embd=16, scalar_head=True))
     ids, P = torch.tensor([[3, 4, 5, 6, 7, 1], [0, 3, 4, 8, 1, 0]]), 3
-    offsets, mask = torch.tensor([0, 1]), torch.tensor([[0, 0, 0, 1, 1, 1], [0, 0, 0, 1, 1, 0]])
-    logp, _, v = rl.policy_logps(model, ids, offsets, mask, P, 1.0, values=True)
-    _, head = model(ids, offsets, return_scalar=True)
+    b = rl.Rollout(ids, torch.tensor([0, 1]), torch.tensor([[1, 1, 1], [1, 1, 0]]), None)
+    logp, v, _ = rl.forward(model, b, rl.Config(loss="ppo"), L.ALGOS["ppo"])
+    _, head = model(ids, b.offsets, return_scalar=True)
     head = head[:, P - 1:-1]  # (2, 3) the state before each response token
     assert torch.allclose(v, head * torch.exp(torch.nn.functional.pad(logp, (1, 0))[:, :-1].cumsum(1)), atol=1e-6)
     assert torch.allclose(v[:, 0], head[:, 0], atol=1e-6)
@@ -106,7 +107,7 @@ def test_bad_reward_model_checkpoints(sft_ckpt, tmp_path):  # noqa: F811
     save_checkpoint(str(tmp_path / "rm.pt"), model, tokenizer=other)
     with pytest.raises(UserError, match="tokenizer differs"):
         rl.main(rl.Config(loss="ppo", reward="rm", rm_ckpt=str(tmp_path / "rm.pt"), sft_ckpt=sft_ckpt))
-    with pytest.raises(UserError, match="binary verifier"):
+    with pytest.raises(UserError, match="gapo needs the verifier"):
         rl.main(rl.Config(loss="gapo", reward="rm", sft_ckpt=sft_ckpt))
 
 
@@ -114,23 +115,18 @@ def test_remax_scores_samples_and_their_greedy_baseline_on_one_scale(sft_ckpt, r
     """ReMax with --reward=rm: the samples and each prompt's greedy response are normalised with one
     set of running statistics, which the samples alone update; so a sample identical to its prompt's
     greedy response gets advantage exactly 0."""
-    from types import SimpleNamespace
-    import losses as L
-    from data.tasks import load_split
-    from evaluate import responses
-    from policy import load_policy
-    from rm import RewardModel
-    model, tok, task, reverse, _, _ = load_policy(SimpleNamespace(sft_ckpt=sft_ckpt, loss="remax"),
-                                                  torch.device("cpu"))
-    rm = RewardModel.load(rm_ckpt[0], tok, torch.device("cpu"))
-    train, cfg = load_split(task, "train"), rl.Config(loss="remax", reward="rm", prompts_per_step=8, group_size=4,
-                                          temperature=0.3)  # peaked: samples repeat the greedy answer
-    batch, _ = rl.collect(model, tok, train, rl.PromptSampler(len(train), 0, False), cfg,
-                          torch.Generator().manual_seed(0), reverse, dyn=False, rm=rm)
+    from nanorl.rows import PromptSampler, responses
+    from nanorl.rm import RewardModel
+    from test_rl import make_run
+    model, task = rl.load_policy(sft_ckpt, False, torch.device("cpu"))
+    rm = RewardModel.load(rm_ckpt[0], task.tok, torch.device("cpu"))
+    cfg = rl.Config(loss="remax", reward="rm", prompts_per_step=8, group_size=4, dynamic_sampling=False,
+                    overlong_window=0, temperature=0.3)  # peaked: samples repeat the greedy answer
+    row = L.ALGOS["remax"]
+    batch, _ = rl.collect(cfg, row, make_run(cfg, model, task, rm=rm), torch.Generator().manual_seed(0))
     assert rm.n == 32  # the 32 samples; the 8 greedy rows leave the statistics alone
-    idx = rl.PromptSampler(len(train), 0, False).take(8)
-    greedy = responses(rl.rollout(model, tok, train, idx, rl.replace(cfg, group_size=1, temperature=0.0),
-                                  None, reverse))
+    idx = PromptSampler(len(task.train), 0, False).take(8)
+    greedy = responses(rl.rollout(cfg, row, make_run(cfg, model, task), idx, None, 1, 0.0))
     same = torch.tensor([r == greedy[i // 4] for i, r in enumerate(responses(batch))])  # (32,)
-    adv, _ = rl.advantages(cfg, batch, L.resolve_hparams("remax"), None)
+    adv, _ = rl.advantages(cfg, row, L.resolve_hparams("remax"), batch, None, None)
     assert same.sum() >= 2 and (adv[same] == 0).all() and (adv[~same] != 0).any()

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 import losses as L
-import policy
 import rl
+from model import token_logps
+from verify import VERIFIERS
 import sft
-import supervised
-from config import UserError
-from checkpoint import load_checkpoint
+from nanorl import loop as supervised
+from nanorl.config import UserError
+from nanorl.checkpoint import load_checkpoint
 from test_rl import ROOT, TINY_RL, sft_ckpt, varied_reward  # noqa: F401 (fixtures)
 
 TINY_SFT = dict(n_layer=1, n_head=2, n_embd=32, batch_size=32, warmup_iters=5, eval_samples=2, threads=1)
@@ -90,7 +91,7 @@ def test_sigkill_mid_training_loses_at_most_one_checkpoint_interval(tmp_path):
 def test_sigkill_while_a_checkpoint_is_written_keeps_the_previous_one(tmp_path):
     """The process dies inside torch.save of the second checkpoint: ckpt.pt is still the first."""
     code = f"""
-import os, signal, checkpoint as C, model as M
+import os, signal, nanorl.checkpoint as C, model as M
 from tokenizer import CharTokenizer
 m, tok, path = M.GPT(M.GPTConfig(block_size=8, vocab_size=16, n_layer=1, n_head=1, n_embd=8)), CharTokenizer("0123456789+*=-"), {str(tmp_path / "ckpt.pt")!r}
 C.save_checkpoint(path, m, None, {{}}, 1, tok)
@@ -140,12 +141,12 @@ def test_rl_resume_is_exact(sft_ckpt, tmp_path, monkeypatch, varied_reward, loss
     (prompt order, skipped prompts, sampling generator, optimizer, PPO value head, eval RNG)."""
     cfg = dict(TINY_RL, sft_ckpt=sft_ckpt, loss=loss, max_iters=4, eval_interval=3, ckpt_interval=100, **kw)
     whole = rl.main(rl.Config(out_dir=str(tmp_path / "whole"), **cfg))
-    signal_on_call(monkeypatch, rl, "optimizer_step", 2)
+    signal_on_call(monkeypatch, rl.loop, "optimizer_step", 2)
     rl.main(rl.Config(out_dir=str(tmp_path / "cut"), **cfg))
     assert load_checkpoint(str(tmp_path / "cut" / "ckpt.pt"))["step"] == 2
     monkeypatch.undo()
     varied_reward_again = (lambda text, gold, reverse=False: float(text[:1] == "1"))
-    monkeypatch.setattr(rl, "exact_answer", varied_reward_again)
+    monkeypatch.setitem(VERIFIERS, "exact", varied_reward_again)
     resumed = rl.main(rl.Config(out_dir=str(tmp_path / "cut"), resume=True, **cfg))
     assert same_weights(whole["model"].state_dict(), resumed["model"].state_dict())
     assert rows(tmp_path / "whole" / "metrics.jsonl") == rows(tmp_path / "cut" / "metrics.jsonl")
@@ -156,7 +157,7 @@ def test_resume_refuses_a_foreign_checkpoint(tmp_path, sft_ckpt):  # noqa: F811
     with pytest.raises(UserError, match=r"ckpt.pt: cannot resume.*'n_layer': 1"):
         sft.main(sft.Config(out_dir=str(tmp_path), resume=True, **{**TINY_SFT, "n_layer": 2}))
     rl.main(rl.Config(out_dir=str(tmp_path / "rl"), sft_ckpt=sft_ckpt, loss="grpo", **{**TINY_RL, "max_iters": 1}))
-    with pytest.raises(UserError, match="ckpt.pt: cannot resume, it is not a dapo run"):
+    with pytest.raises(UserError, match="ckpt.pt: cannot resume, .*'loss': 'dapo'.*it has .*'loss': 'grpo'"):
         rl.main(rl.Config(out_dir=str(tmp_path / "rl"), sft_ckpt=sft_ckpt, loss="dapo", resume=True, **TINY_RL))
     with pytest.raises(Exception, match="no such checkpoint.*drop --resume"):
         rl.main(rl.Config(out_dir=str(tmp_path / "none"), sft_ckpt=sft_ckpt, resume=True, **TINY_RL))
@@ -201,8 +202,9 @@ def test_nan_gradient_stops_sft_naming_step_and_tensor(tmp_path, monkeypatch):
 
 
 def test_nan_gradient_stops_rl_naming_step_and_tensor(sft_ckpt, tmp_path, monkeypatch, varied_reward):  # noqa: F811
-    real = policy.model_from_checkpoint
-    monkeypatch.setattr(policy, "model_from_checkpoint",
+    from nanorl import evaluate
+    real = evaluate.model_from_checkpoint
+    monkeypatch.setattr(evaluate, "model_from_checkpoint",
                         lambda *a, **k: (poison_gradient(real(*a, **k)[0], "transformer.wte.weight", 2), real(*a, **k)[1]))
     with pytest.raises(UserError, match=r"step 2: non-finite gradient of transformer.wte.weight; stopped, last good"):
         rl.main(rl.Config(out_dir=str(tmp_path), sft_ckpt=sft_ckpt, loss="grpo", dynamic_sampling=False,
@@ -215,7 +217,7 @@ def test_log_probs_stay_fp32_under_bf16():
     g = torch.Generator().manual_seed(0)
     logits = torch.randn(3, 6, 11, generator=g).bfloat16()  # (B, T, V) as a bf16 autocast forward returns them
     ids, mask = torch.randint(0, 11, (3, 6), generator=g), torch.ones(3, 6, dtype=torch.long)
-    lp, _ = L.response_logps(logits, ids, mask, temperature=0.7)
+    lp = token_logps(logits[:, :-1], ids[:, 1:], mask[:, 1:], temperature=0.7)
     assert lp.dtype == torch.float32 and L.token_entropy(logits).dtype == torch.float32
     exact = torch.log_softmax(logits.double() / 0.7, -1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
     assert torch.allclose(lp.double(), exact, atol=1e-5)  # fp32 math on the bf16 values, not bf16 math

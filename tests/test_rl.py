@@ -1,5 +1,6 @@
 """rl.py end to end on a tiny SFT checkpoint: every loss runs, logs the documented keys, and none of
 the failure modes of well-known trainers (docs/reliability.md) is present."""
+import copy
 import json
 import os
 import subprocess
@@ -10,8 +11,10 @@ import torch
 
 import losses as L
 import rl
+from verify import VERIFIERS
 import sft
-from checkpoint import load_checkpoint
+from nanorl.checkpoint import load_checkpoint
+from nanorl.loop import adamw
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_SFT = dict(n_layer=1, n_head=2, n_embd=32, batch_size=64, lr=3e-3, warmup_iters=5, eval_interval=100,
@@ -32,7 +35,7 @@ def sft_ckpt(tmp_path_factory):
 @pytest.fixture
 def varied_reward(monkeypatch):
     """The tiny model is never right; reward answers starting with '1' so groups have variance."""
-    monkeypatch.setattr(rl, "exact_answer", lambda text, gold, reverse=False: float(text[:1] == "1"))
+    monkeypatch.setitem(VERIFIERS, "exact", lambda text, gold, reverse=False: float(text[:1] == "1"))
 
 
 def run(sft_ckpt, out, **kw):
@@ -42,9 +45,38 @@ def run(sft_ckpt, out, **kw):
     return res, rows
 
 
+def make_run(cfg, model, task=None, teacher=None, rm=None, lr=1e-2, selection=False):
+    """The Run that rl.setup builds, from a model in hand: a frozen copy as the reference, AdamW, the
+    row's hyperparameters resolved from cfg, prompts over task.train."""
+    keys = {*L.KNOBS, *L.DEFAULTS[cfg.loss]}
+    hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k, None) for k in keys})
+    prompts = rl.rows.PromptSampler(len(task.train), 0, selection) if task else None
+    if model is None:  # collect and rollout with a fake sampler
+        return rl.Run(None, None, None, None, task, prompts, hp, rm, teacher)
+    return rl.Run(model, model, copy.deepcopy(model).requires_grad_(False),
+                  adamw(model, lr, 0.0, hp.get("vf_lr_mult")), task, prompts, hp, rm, teacher)
+
+
+def update_once(cfg, model, b, teacher=None, lr=1e-2, gen=None):
+    """rl.prepare, then rl.update, on a copy of rollout b -> (the run, its stats)."""
+    row, run, b = L.ALGOS[cfg.loss], make_run(cfg, model, teacher=teacher, lr=lr), copy.copy(b)
+    ref_lp, adv, inputs, stats = rl.prepare(cfg, row, run, b)
+    gen = gen or torch.Generator().manual_seed(0)
+    return run, {**stats, **rl.update(cfg, row, run, b, adv, inputs, ref_lp, lr, gen)}
+
+
+def char_task(train=None, reverse=True):
+    """The mul task with the char tokenizer and the exact verifier, as Task.of reads a checkpoint's."""
+    from data.tasks import ALPHABET, load_split
+    from nanorl.evaluate import Task
+    from tokenizer import CharTokenizer
+    return Task(CharTokenizer(ALPHABET), "mul", reverse, "exact", 0,
+                load_split("mul", "train") if train is None else train)
+
+
 @pytest.mark.parametrize("loss", sorted(L.LOSSES))
 def test_every_loss_runs_and_logs(sft_ckpt, tmp_path, loss, varied_reward):
-    teacher = dict(teacher_ckpt=sft_ckpt) if L.ALGOS[loss].advantage == "teacher" else {}  # opd, gkd
+    teacher = dict(teacher_ckpt=sft_ckpt) if "teacher" in L.ALGOS[loss].needs else {}  # opd, gkd
     res, rows = run(sft_ckpt, tmp_path, loss=loss, dynamic_sampling=False, **teacher)
     train = [r for r in rows if "rl/reward_mean" in r]
     evals = [r for r in rows if "eval/accuracy" in r]
@@ -82,7 +114,7 @@ def test_reference_is_frozen_and_policy_moves(sft_ckpt, tmp_path, varied_reward)
 
 def test_all_equal_groups_give_no_update_and_no_nan(sft_ckpt, tmp_path, monkeypatch):
     """Failure mode 9: every group all-wrong -> zero advantages, zero gradient, parameters unchanged."""
-    monkeypatch.setattr(rl, "exact_answer", lambda *a, **k: 0.0)
+    monkeypatch.setitem(VERIFIERS, "exact", lambda *a, **k: 0.0)
     res, rows = run(sft_ckpt, tmp_path, loss="grpo", beta=0.0, max_iters=2, dynamic_sampling=False)
     sft_state = load_checkpoint(sft_ckpt)["model"]
     for k, v in res["model"].state_dict().items():
@@ -137,17 +169,17 @@ def test_cli_errors(tmp_path):
 def test_sft_baseline_trains_on_gold_answers(sft_ckpt, tmp_path):
     """--loss=sft: pairs_per_step gold (prompt, answer + EOS) rows per step, per-token NLL; the NLL of
     gold answers of train problems falls from the SFT model's."""
-    from evaluate import gold_rows, pack
+    from nanorl.pref import nll_loss, row_logps
+    from nanorl.rows import gold_rows
     from data.tasks import ensure_data, load_problems
-    from checkpoint import model_from_checkpoint
+    from nanorl.checkpoint import model_from_checkpoint
     res, rows = run(sft_ckpt, tmp_path, loss="sft", pairs_per_step=64, lr=3e-3, max_iters=20, eval_interval=20)
     train = [r for r in rows if "rl/loss" in r]
     assert len(train) == 20 and all(r["rl/n_seqs"] == 64 and r["rl/loss"] == r["rl/nll"] > 0 for r in train)
     ckpt = load_checkpoint(sft_ckpt)
     sft_model, tok = model_from_checkpoint(ckpt, sft_ckpt)
     gold = gold_rows(tok, load_problems(ensure_data("mul") / "train.txt")[:256], ckpt["config"]["reverse"])
-    ids, mask = pack(gold, tok.pad_id)
-    nll = lambda m: L.nll_loss(*L.response_logps(m.eval()(ids), ids, mask))[0].item()  # noqa: E731
+    nll = lambda m: nll_loss(*row_logps(m.eval(), gold, tok.pad_id))[0].item()  # noqa: E731
     assert nll(res["model"]) < nll(sft_model) - 0.02  # 1.553 vs 1.593 here
     assert [r["step"] for r in rows if "eval/accuracy" in r] == [0, 20] and rows[-1]["eval/kl"] > 0
     assert "perf/rollout_tok_s" not in train[0]  # no rollouts
@@ -156,22 +188,21 @@ def test_sft_baseline_trains_on_gold_answers(sft_ckpt, tmp_path):
 def test_sft_baseline_reads_only_the_checkpoints_labelled_problems(sft_ckpt, tmp_path, monkeypatch):
     """An SFT checkpoint of n_train labels: --loss=sft trains on those problems only, the RL losses
     draw prompts from the whole train split."""
-    from checkpoint import save_checkpoint, model_from_checkpoint
+    from nanorl.checkpoint import save_checkpoint, model_from_checkpoint
     from data.tasks import labelled, load_split
     ckpt = load_checkpoint(sft_ckpt)
     model, tok = model_from_checkpoint(ckpt, sft_ckpt)
     scarce = str(tmp_path / "scarce.pt")
     save_checkpoint(scarce, model, config={**ckpt["config"], "n_train": 12}, tokenizer=tok)
-    seen = []
-    offline_rows = rl.pref.offline_rows
-    monkeypatch.setattr(rl.pref, "offline_rows", lambda loss, tok, items, rev: seen.extend(items) or
-                        offline_rows(loss, tok, items, rev))
+    seen, gold_rows = [], rl.pref.gold_rows
+    monkeypatch.setattr(rl.pref, "gold_rows", lambda tok, items, rev: seen.extend(items) or
+                        gold_rows(tok, items, rev))
     run(scarce, tmp_path / "sft", loss="sft", pairs_per_step=8, max_iters=3, eval_interval=3, eval_samples=0)
     train = load_split("mul", "train")
     assert len(seen) == 24 and set(seen) == set(labelled(train, 12))  # 24 draws, in epochs over the 12
     assert load_checkpoint(str(tmp_path / "sft" / "ckpt.pt"))["config"]["n_train"] == 12
-    s = rl.setup(rl.Config(sft_ckpt=scarce, out_dir=str(tmp_path / "grpo"), **TINY_RL))
-    assert s.data == train  # prompts need no labels
+    cfg, row, hp = rl.check(rl.Config(sft_ckpt=scarce, out_dir=str(tmp_path / "grpo"), **TINY_RL))
+    assert rl.setup(cfg, row, hp, torch.device("cpu"), 0, 1).task.train == train  # prompts: no labels
 
 
 def test_rft_trains_on_the_verified_correct_samples_only(sft_ckpt, tmp_path, varied_reward):
@@ -183,7 +214,7 @@ def test_rft_trains_on_the_verified_correct_samples_only(sft_ckpt, tmp_path, var
 
 
 def test_rft_without_a_correct_sample_skips_the_step(sft_ckpt, tmp_path, monkeypatch):
-    monkeypatch.setattr(rl, "exact_answer", lambda *a, **k: 0.0)
+    monkeypatch.setitem(VERIFIERS, "exact", lambda *a, **k: 0.0)
     res, rows = run(sft_ckpt, tmp_path, loss="rft", max_iters=2)
     assert not [r for r in rows if "rl/loss" in r] and [r["step"] for r in rows if "eval/accuracy" in r] == [0, 2]  # skipped steps still end in the final eval
     sft_state = load_checkpoint(sft_ckpt)["model"]
@@ -227,31 +258,25 @@ def test_micro_batches_give_the_same_step(loss, varied_reward):
     """micro_batch_size changes memory, not the step: accumulated over micro-batches of one group,
     of uneven sizes, or in one piece, the gradients and the logged diagnostics agree, because every
     normaliser counts the whole minibatch (failure mode 4), and KL-Cov picks its tokens over it."""
-    import copy
     from dataclasses import replace
-    from data.tasks import ALPHABET, load_split
     from model import GPT, GPTConfig
-    from tokenizer import CharTokenizer
     torch.manual_seed(0)
-    tok = CharTokenizer(ALPHABET)
-    model = GPT(GPTConfig(vocab_size=tok.vocab_size, n_layer=1, n_head=2, n_embd=32, scalar_head=loss == "ppo")).eval()
-    cfg = rl.Config(loss=loss, prompts_per_step=6, group_size=4, prompt_selection=False)
-    train = load_split("mul", "train")
-    batch, _ = rl.collect(model, tok, train, rl.PromptSampler(len(train), 0, False),
-                          cfg, torch.Generator().manual_seed(0), True, dyn=False)
-    P, N = batch["prompt_len"], batch["ids"].size(0)
+    task = char_task()
+    model = GPT(GPTConfig(vocab_size=task.tok.vocab_size, n_layer=1, n_head=2, n_embd=32,
+                          scalar_head=loss == "ppo")).eval()
+    cfg = rl.Config(loss=loss, prompts_per_step=6, group_size=4, dynamic_sampling=False, overlong_window=0)
+    batch, _ = rl.collect(cfg, L.ALGOS[loss], make_run(cfg, model, task), torch.Generator().manual_seed(0))
+    N, T = batch.mask.shape
     for i in range(N):  # responses of 1..L tokens (the sampler's log-probs are 0 past the end)
-        n = 1 + i * 7 % (batch["ids"].size(1) - P)
-        batch["response_mask"][i, P + n:] = 0
-        batch["logps"][i, n:] = 0
-    batch["reward"] = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0] * 4)  # every group of 4 has signal
+        n = 1 + i * 7 % T
+        batch.mask[i, n:] = 0
+        batch.mu[i, n:] = 0
+    batch.reward = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0] * 4)  # every group of 4 has signal
     res = {}
     for micro in (24, 4, 16):  # one piece; one group each; 16 + 8 rows
-        m = copy.deepcopy(model)
-        opt = m.configure_optimizer(1e-3, 0.0, (0.9, 0.99))
-        stats = rl.update(m, copy.deepcopy(model).requires_grad_(False), opt, dict(batch), replace(cfg, micro_batch_size=micro),
-                          L.resolve_hparams(loss), torch.Generator().manual_seed(1), lr=1e-3)
-        res[micro] = stats, [p.grad for p in m.parameters()]
+        run, stats = update_once(replace(cfg, micro_batch_size=micro), copy.deepcopy(model), batch, lr=1e-3,
+                                 gen=torch.Generator().manual_seed(1))
+        res[micro] = stats, [p.grad for p in run.model.parameters()]
     assert res[24][0]["rl/grad_norm"] > 0
     for micro in (4, 16):
         for k, v in res[24][0].items():
@@ -283,31 +308,24 @@ def tiny_batch(n_groups=4, G=4, seed=0, temperature=1.0):
     prompts = [tok.encode(f"{i + 1}*7=") for i in range(n_groups)]
     out = generate(model, prompts, 6, tok.eos_id, tok.pad_id, G=G, temperature=temperature,
                    generator=torch.Generator().manual_seed(seed))
-    reward = torch.tensor([1.0, 0.0] * (n_groups * G // 2))
-    out.update(reward=reward, correct=reward, first_wrong=torch.full((n_groups * G,), -1),
-               length=out["response_mask"].sum(1).float(), finished=torch.ones(n_groups * G, dtype=torch.bool))
-    return model, out
+    N, mask = n_groups * G, out["response_mask"][:, out["prompt_len"]:]
+    reward = torch.tensor([1.0, 0.0] * (N // 2))
+    return model, rl.Rollout(out["ids"], out["offsets"], mask, out["logps"], out["logps"], reward, reward,
+                             torch.full((N,), -1), mask.sum(1).float(), torch.ones(N, dtype=torch.bool))
 
 
 @pytest.mark.parametrize("minibatches", [1, 3, 5, 16])
 def test_minibatches_is_exactly_the_number_of_optimizer_steps(minibatches):
     """16 rows in 5 minibatches: torch.chunk gives 4 parts, so the run took 4 steps, not 5."""
-    import copy
     model, batch = tiny_batch()
-    opt = model.configure_optimizer(1e-3, 0.0, (0.9, 0.99))
-    cfg = rl.Config(loss="grpo", group_size=4, minibatches=minibatches)
-    rl.update(model, copy.deepcopy(model), opt, batch, cfg, L.resolve_hparams("grpo", beta=0.0),
-              torch.Generator().manual_seed(0), 1e-3)
-    assert {int(s["step"]) for s in opt.state.values()} == {minibatches}
+    run, _ = update_once(rl.Config(loss="grpo", group_size=4, minibatches=minibatches, beta=0.0), model, batch)
+    assert {int(s["step"]) for s in run.opt.state.values()} == {minibatches}
 
 
 def test_fewer_rows_than_minibatches_stops_with_one_line():
-    import copy
     model, batch = tiny_batch(n_groups=1)
-    cfg = rl.Config(loss="grpo", group_size=4, minibatches=5)
     with pytest.raises(rl.UserError, match="minibatches=5 but a rank holds only 4 rows"):
-        rl.update(model, copy.deepcopy(model), model.configure_optimizer(1e-3, 0.0, (0.9, 0.99)), batch, cfg,
-                  L.resolve_hparams("grpo", beta=0.0), torch.Generator().manual_seed(0), 1e-3)
+        update_once(rl.Config(loss="grpo", group_size=4, minibatches=5, beta=0.0), model, batch)
 
 
 @pytest.mark.parametrize("kw, msg", [
@@ -326,7 +344,7 @@ def test_settings_that_change_the_algorithm_are_refused(tmp_path, kw, msg):
 def test_cliff_is_refused_without_the_exact_verifier_or_with_bpe(sft_ckpt, tmp_path, monkeypatch):
     """CLIFF compares the response with the gold tokens: another verifier (or BPE, where many token
     sequences spell one answer) can accept an answer that differs from them."""
-    from checkpoint import model_from_checkpoint, save_checkpoint
+    from nanorl.checkpoint import model_from_checkpoint, save_checkpoint
     ck = load_checkpoint(sft_ckpt)
     model, tok = model_from_checkpoint(ck, sft_ckpt)
     save_checkpoint(str(tmp_path / "final.pt"), model, None, {**ck["config"], "verifier": "final"}, 0, tok)
@@ -341,21 +359,24 @@ def test_cliff_is_refused_without_the_exact_verifier_or_with_bpe(sft_ckpt, tmp_p
 def test_dynamic_sampling_keeps_groups_by_accuracy_not_by_shaped_reward(monkeypatch):
     """DAPO keeps a group when 0 < accuracy < 1. An all-wrong group whose overlong shaping differs
     (rewards -1, -0.5, 0, 0) has no signal and is dropped; with a reward model, equal scores are."""
-    def fake_rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None):
+    class RM:  # its scores: equal in the first group only
+        def score(self, b, normalize, update):
+            b.reward = torch.tensor([0.3, 0.3, 0.3, 0.3, 0.1, 0.2, 0.1, 0.2, 0.5, 0.6, 0.7, 0.8])
+
+    def fake_rollout(cfg, row, run, idx, gen, G, temperature):
         correct = torch.tensor([0., 0, 0, 0, 1, 0, 1, 0, 1, 1, 1, 1])  # all wrong, mixed, all right
         reward = correct + torch.tensor([-1, -0.5, 0, 0, 0, 0, 0, 0, 0, 0, 0, -0.5])  # shaped
-        if rm is not None:
-            reward = torch.tensor([0.3, 0.3, 0.3, 0.3, 0.1, 0.2, 0.1, 0.2, 0.5, 0.6, 0.7, 0.8])  # RM scores
-        return {"ids": torch.arange(12)[:, None], "correct": correct, "reward": reward}
+        return rl.Rollout(torch.arange(12)[:, None], torch.zeros(12), torch.ones(12, 1), torch.zeros(12, 1),
+                          reward=reward, correct=correct)
 
     monkeypatch.setattr(rl, "rollout", fake_rollout)
-    monkeypatch.setattr(rl, "cat_rollouts", lambda parts: parts[0])
     cfg = rl.Config(loss="dapo", prompts_per_step=3, group_size=4, max_refills=0)
-    prompts = rl.PromptSampler(10, 0, False)
-    batch, stats = rl.collect(None, None, None, prompts, cfg, None, True, dyn=True)
-    assert batch["ids"].flatten().tolist() == list(range(4, 8)) and stats["rl/zero_std_frac"] == pytest.approx(2 / 3)
-    batch, stats = rl.collect(None, None, None, prompts, cfg, None, True, dyn=True, rm=object())
-    assert batch["ids"].flatten().tolist() == list(range(4, 12)) and stats["rl/zero_std_frac"] == pytest.approx(1 / 3)
+    run = make_run(cfg, None, char_task(list(range(10))))
+    batch, stats = rl.collect(cfg, L.ALGOS["dapo"], run, None)
+    assert batch.ids.flatten().tolist() == list(range(4, 8)) and stats["rl/zero_std_frac"] == pytest.approx(2 / 3)
+    run.rm = RM()
+    batch, stats = rl.collect(cfg, L.ALGOS["dapo"], run, None)
+    assert batch.ids.flatten().tolist() == list(range(4, 12)) and stats["rl/zero_std_frac"] == pytest.approx(1 / 3)
 
 
 def test_a_special_token_inside_a_response_earns_nothing(monkeypatch):
@@ -377,8 +398,9 @@ def test_a_special_token_inside_a_response_earns_nothing(monkeypatch):
 
     monkeypatch.setattr(rl, "generate", fake_generate)
     cfg = rl.Config(loss="cliff", group_size=2, max_new_tokens=6, overlong_window=0)
-    out = rl.rollout(None, tok, [("23*47=", gold)], [0], cfg, None, False)
-    assert out["correct"].tolist() == [1.0, 0.0] and out["first_wrong"].tolist() == [-1, 2]
+    run = make_run(cfg, None, char_task([("23*47=", gold)], reverse=False))
+    out = rl.rollout(cfg, L.ALGOS["cliff"], run, [0], None, 2, 1.0)
+    assert out.correct.tolist() == [1.0, 0.0] and out.first_wrong.tolist() == [-1, 2]
 
 
 def test_the_same_response_under_two_prompts_gets_each_prompts_grade(monkeypatch):
@@ -397,8 +419,9 @@ def test_the_same_response_under_two_prompts_gets_each_prompts_grade(monkeypatch
 
     monkeypatch.setattr(rl, "generate", fake_generate)
     cfg = rl.Config(group_size=2, max_new_tokens=2, overlong_window=0)
-    out = rl.rollout(None, tok, [("2*3=", "6"), ("2*4=", "8")], [0, 1], cfg, None, False)
-    assert out["correct"].tolist() == [1.0, 1.0, 0.0, 0.0]
+    run = make_run(cfg, None, char_task([("2*3=", "6"), ("2*4=", "8")], reverse=False))
+    out = rl.rollout(cfg, L.ALGOS["grpo"], run, [0, 1], None, 2, 1.0)
+    assert out.correct.tolist() == [1.0, 1.0, 0.0, 0.0]
 
 
 def test_checkpoint_settings_have_one_source_of_truth(sft_ckpt, tmp_path):
@@ -407,7 +430,7 @@ def test_checkpoint_settings_have_one_source_of_truth(sft_ckpt, tmp_path):
     reader fails naming the key."""
     import reward_model
     import sample
-    from checkpoint import CheckpointError, model_from_checkpoint, save_checkpoint
+    from nanorl.checkpoint import CheckpointError, model_from_checkpoint, save_checkpoint
     from model import GPT, GPTConfig
     ck = load_checkpoint(sft_ckpt)
     model, tok = model_from_checkpoint(ck, sft_ckpt)
@@ -429,23 +452,19 @@ def test_checkpoint_settings_have_one_source_of_truth(sft_ckpt, tmp_path):
 def test_sampler_calls_hold_at_most_sample_batch_size_rows(sft_ckpt, monkeypatch):
     """--sample_batch_size chunks the sampler (rollouts, evals, eval KL) apart from the training
     micro-batches: no generate call holds more rows, and the rollout still has every row."""
-    from types import SimpleNamespace
-    from data.tasks import load_split
     from model import seeded
-    from policy import evaluate_policy, load_policy
+    from nanorl import evaluate
     sizes, generate = [], rl.generate
     monkeypatch.setattr(rl, "generate", lambda m, prompts, *a, G=1, **k: sizes.append(len(prompts) * G)
                         or generate(m, prompts, *a, G=G, **k))
-    model, tok, task, reverse, _, _ = load_policy(SimpleNamespace(sft_ckpt=sft_ckpt, loss="grpo"), torch.device("cpu"))
+    model, task = rl.load_policy(sft_ckpt, False, torch.device("cpu"))
     cfg = rl.Config(group_size=4, sample_batch_size=8, eval_samples=2)
-    out = rl.rollout(model, tok, load_split(task, "train"), list(range(5)), cfg, seeded("cpu", 0), reverse)
-    assert sizes == [8, 8, 4] and out["ids"].size(0) == 20
-    import evaluate, policy
+    out = rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, model, task), list(range(5)), seeded("cpu", 0), 4, 1.0)
+    assert sizes == [8, 8, 4] and out.ids.size(0) == 20
     sizes.clear()
     monkeypatch.setattr(evaluate, "generate", rl.generate)
-    monkeypatch.setattr(policy, "generate", rl.generate)
-    test = load_split(task, "test")[:10]
-    evaluate_policy(model, model, tok, test[:6], test, reverse, cfg, lambda *a, **k: 0.0, seeded("cpu", 1))
+    task.val, task.test = task.test[:6], task.test[:10]
+    evaluate.evaluate_policy(model, model, task, cfg, seeded("cpu", 1))
     assert sizes and max(sizes) <= 8
 
 
@@ -453,18 +472,16 @@ def test_cov_tokens_are_chosen_over_the_minibatch_from_the_current_policy(monkey
     """KL-Cov takes max(floor(0.002 * n_valid), 1) = 1 token per minibatch, however many micro-batches it is
     accumulated in (4 here); at a rollout's first optimizer step from the sampler's log-probs (theta = theta_old),
     later from a fresh no-grad forward of the moved policy."""
-    import copy
+    from nanorl import cov
     model, batch = tiny_batch()
-    seen, select = [], L.cov_select
+    seen, select = [], cov.cov_select
 
     def spy(lp, old, adv, mask, *a, **k):
         seen.append((lp, old, mask, select(lp, old, adv, mask, *a, **k)))
         return seen[-1][-1]
-    monkeypatch.setattr(L, "cov_select", spy)
-    opt = model.configure_optimizer(1e-2, 0.0, (0.9, 0.99))
+    monkeypatch.setattr(cov, "cov_select", spy)
     cfg = rl.Config(loss="kl_cov", group_size=4, micro_batch_size=4, ppo_epochs=2, minibatches=2)
-    stats = rl.update(model, copy.deepcopy(model), opt, batch, cfg, L.resolve_hparams("kl_cov"),
-                      torch.Generator().manual_seed(0), 1e-2)
+    _, stats = update_once(cfg, model, batch)
     assert [int(sel.sum()) for *_, sel in seen] == [1, 1, 1, 1]  # not one per micro-batch of 4 rows
     assert stats["rl/cov_frac"] == pytest.approx(sum(1 / m.sum().item() for _, _, m, _ in seen) / 4)
     assert len(seen) == 4 and torch.equal(seen[0][0], seen[0][1])  # the first: the sampler's log-probs
@@ -474,32 +491,28 @@ def test_cov_tokens_are_chosen_over_the_minibatch_from_the_current_policy(monkey
 def test_remax_baseline_is_each_prompts_greedy_reward(sft_ckpt, varied_reward):
     """ReMax samples a greedy response per prompt in the same step: its reward is the baseline of the
     prompt's G rows, and its mean is logged."""
-    from dataclasses import replace
-    from types import SimpleNamespace
-    from data.tasks import load_split
-    from policy import load_policy
-    model, tok, task, reverse, _, _ = load_policy(SimpleNamespace(sft_ckpt=sft_ckpt, loss="remax"), torch.device("cpu"))
-    train, cfg = load_split(task, "train"), rl.Config(loss="remax", prompts_per_step=4, group_size=4)
-    batch, stats = rl.collect(model, tok, train, rl.PromptSampler(len(train), 0, False), cfg,
-                              torch.Generator().manual_seed(0), reverse, dyn=False)
-    idx = rl.PromptSampler(len(train), 0, False).take(4)
-    greedy = rl.rollout(model, tok, train, idx, replace(cfg, group_size=1, temperature=0.0), None, reverse)
-    assert torch.equal(batch["baseline"], greedy["reward"].repeat_interleave(4))
-    assert stats["rl/greedy_reward"] == pytest.approx(greedy["reward"].mean().item())
+    model, task = rl.load_policy(sft_ckpt, False, torch.device("cpu"))
+    cfg = rl.Config(loss="remax", prompts_per_step=4, group_size=4, overlong_window=0, dynamic_sampling=False)
+    row = L.ALGOS["remax"]
+    batch, stats = rl.collect(cfg, row, make_run(cfg, model, task), torch.Generator().manual_seed(0))
+    idx = rl.rows.PromptSampler(len(task.train), 0, False).take(4)
+    greedy = rl.rollout(cfg, row, make_run(cfg, model, task), idx, None, 1, 0.0)
+    assert torch.equal(batch.baseline, greedy.reward.repeat_interleave(4))
+    assert stats["rl/greedy_reward"] == pytest.approx(greedy.reward.mean().item())
 
 
 def test_remax_dynamic_sampling_counts_the_greedy_reward(monkeypatch):
     """An all-wrong group whose greedy answer is right has signal under ReMax (A = -1 on every row): kept;
     a group equal to its greedy reward is dropped."""
-    def fake_rollout(model, tok, problems, idx, cfg, gen, reverse, rm=None, verifier=None, **kw):
-        if cfg.group_size == 1:  # the greedy responses
-            return {"reward": torch.tensor([1.0, 0.0])}
-        correct = torch.tensor([0.0, 0, 0, 0, 0, 0, 0, 0])
-        return {"ids": torch.arange(8)[:, None], "correct": correct, "reward": correct}
+    def fake_rollout(cfg, row, run, idx, gen, G, temperature):
+        if G == 1:  # the greedy responses
+            return rl.Rollout(*([None] * 4), reward=torch.tensor([1.0, 0.0]))
+        correct = torch.zeros(8)
+        return rl.Rollout(torch.arange(8)[:, None], torch.zeros(8), torch.ones(8, 1), torch.zeros(8, 1),
+                          reward=correct, correct=correct)
 
     monkeypatch.setattr(rl, "rollout", fake_rollout)
-    monkeypatch.setattr(rl, "cat_rollouts", lambda parts: parts[0])
     cfg = rl.Config(loss="remax", prompts_per_step=2, group_size=4, max_refills=0)
-    batch, stats = rl.collect(None, None, None, rl.PromptSampler(10, 0, False), cfg, None, True, dyn=True)
-    assert batch["ids"].flatten().tolist() == [0, 1, 2, 3] and batch["baseline"].tolist() == [1.0] * 4
+    batch, stats = rl.collect(cfg, L.ALGOS["remax"], make_run(cfg, None, char_task(list(range(10)))), None)
+    assert batch.ids.flatten().tolist() == [0, 1, 2, 3] and batch.baseline.tolist() == [1.0] * 4
     assert stats["rl/zero_std_frac"] == 0.5 and stats["rl/greedy_reward"] == 0.5

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import sft
-from checkpoint import load_checkpoint
+from nanorl.checkpoint import load_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=1, n_head=2, n_embd=32, batch_size=32, warmup_iters=5, eval_interval=15,

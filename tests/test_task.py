@@ -10,9 +10,9 @@ import pytest
 
 import rl
 import sft
-from config import UserError
+from nanorl.config import UserError
 from data.tasks import DataError
-from checkpoint import load_checkpoint
+from nanorl.checkpoint import load_checkpoint
 
 from test_rl import ROOT, TINY_SFT
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import tiktoken
 
-from gpt2 import BPETokenizer, get_bpe
+from tokenizer import BPETokenizer, get_bpe
 from tokenizer import CharTokenizer, TokenizerError, from_dict, get_tokenizer
 
 

@@ -258,7 +258,7 @@ def test_final_answer_accepts_one_tag_anywhere(before, after, n):
 def char_and_bpe(alphabet):
     """A char tokenizer over `alphabet` and a tiny BPE with two specials (end-of-text, and one more)."""
     import tiktoken
-    from gpt2 import BPETokenizer
+    from tokenizer import BPETokenizer
     from tokenizer import CharTokenizer
     ranks = {bytes([i]): i for i in range(256)}
     enc = tiktoken.Encoding("toy2", pat_str=r"\d| ?[a-zA-Z]+| ?[^\sa-zA-Z\d]+|\s+", mergeable_ranks=ranks,
@@ -271,7 +271,7 @@ def char_and_bpe(alphabet):
 def test_a_special_token_before_eos_makes_any_answer_wrong(name, text, gold):
     """decode drops PAD (and BPE specials), so '10<pad>81' would read as '1081': the verifier must see
     what was sampled. Every special token at every position before the final EOS scores 0."""
-    from evaluate import grade
+    from nanorl.evaluate import grade
     for tok in char_and_bpe("".join(sorted(set(text)))):
         ids = tok.encode(text)
         assert tok.special_ids == ({0, 1} if tok.pad_id == 0 else {256, 257})

@@ -1,6 +1,6 @@
 """Every RL post-training algorithm from one SFT checkpoint, side by side: compare.md and .png.
 
-    python compare.py --losses=grpo,dr_grpo,sft --seeds=1,2,3 --rl_args="--minibatches=4"
+    python lab/compare.py --losses=grpo,dr_grpo,sft --seeds=1,2,3 --rl_args="--minibatches=4"
 
 Each (loss, seed) is one rl.py run on 1 thread in out_dir/runs/<loss>-s<seed>; the baselines
 (continued SFT, rejection-sampling fine-tuning) train as long as max_iters RL steps."""
@@ -15,14 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from statistics import mean, stdev
 
-import losses as L
-import rl
-from checkpoint import ckpt_settings, load_checkpoint
-from config import UserError, load_config, print_config, run_cli
-from data.tasks import ensure_data
-from evaluate import pass_k_name
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)  # python lab/compare.py runs from anywhere
+import losses as L  # noqa: E402
+import rl  # noqa: E402
+from data.tasks import ensure_data  # noqa: E402
+from nanorl.checkpoint import ckpt_settings, load_checkpoint  # noqa: E402
+from nanorl.config import UserError, load_config, print_config, run_cli  # noqa: E402
+from nanorl.evaluate import pass_k_name  # noqa: E402
 
-RL_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "rl.py")
+RL_PY = os.path.join(ROOT, "rl.py")
 # baseline steps that train as long as one RL step (sft only trains, rft also samples), measured
 # at rl.py's defaults on 1 thread; the train s column shows how close they come elsewhere
 BASELINE_STEPS_PER_RL_STEP = {"sft": 4.6, "rft": 1.25}
@@ -51,7 +53,7 @@ class Config:
 def parse(cfg):
     """Validated ({loss: steps} in table order, seeds, extra rl.py args)."""
     names = [n.strip() for n in cfg.losses.split(",") if n.strip()] or [
-        n for n, a in L.ALGOS.items() if a.advantage != "teacher"]  # opd, gkd: --rl_args=--teacher_ckpt=...
+        n for n, a in L.ALGOS.items() if "teacher" not in a.needs]  # opd, gkd: need --teacher_ckpt
     bad = [n for n in names if n not in L.ALGOS]
     if bad:
         raise UserError(f"unknown loss {bad[0]!r} in --losses; valid: {', '.join(L.ALGOS)}")
@@ -145,7 +147,7 @@ def plot(runs, names, path):
             continue
         evals = list(zip(*(r["evals"] for r in ok)))  # the evals every seed reached, (eval, seed)
         curve = {x: [mean(e[x] for e in es) for es in evals] for x in (*xs, "eval/accuracy")}
-        base = n in L.BASELINES  # dashed, and vs seconds only: their steps are not RL steps
+        base = L.ALGOS[n].family == "sft"  # dashed, vs seconds only: their steps are no RL steps
         style = "--" if base else ".-" if i < 10 else ".:"  # 10 colours, then dotted
         color = "black" if n == "sft" else "gray" if base else f"C{i % 10}"
         for ax, x in list(zip(axes, xs))[base:]:
@@ -176,9 +178,9 @@ def main(cfg):
 
     lines = table(runs, list(steps), pass_k_name(cfg.eval_samples))
     drew = plot(runs, list(steps), os.path.join(cfg.out_dir, "compare.png"))
-    base = ", ".join(f"{n} {k}" for n, k in steps.items() if n in L.BASELINES) or "-"
+    base = ", ".join(f"{n} {k}" for n, k in steps.items() if L.ALGOS[n].family == "sft") or "-"
     argv = [f"--{k}={v}" for k, v in vars(cfg).items() if v != getattr(Config, k)]
-    md = ["# Algorithm comparison", "", "    " + shlex.join(["python", "compare.py", *argv]), "",
+    md = ["# Algorithm comparison", "", "    " + shlex.join(["python", "lab/compare.py", *argv]), "",
           f"- steps: {cfg.max_iters} per run; baselines (budget {cfg.baseline_budget}): {base}",
           f"- held out: the {task} test split; KL, resp len, truncated: 4 samples of 256 prompts",
           f"- labels: the SFT checkpoint's ({labels} train problems), the only ones continued SFT sees",

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 import torch
 
-from checkpoint import CheckpointError, one_line
+from nanorl.checkpoint import CheckpointError, one_line
 from data.tasks import DataError
 from tokenizer import TokenizerError
 

@@ -6,7 +6,7 @@ from dataclasses import asdict, replace
 import torch
 
 import tokenizer as tokenizers
-from logger import truncate_metrics
+from nanorl.logger import truncate_metrics
 from model import GPT, GPTConfig
 
 

@@ -3,12 +3,20 @@ The reward model at work: `rm_scores` (a reward_model.py checkpoint's score of a
 `RewardModel`, the frozen scorer behind `python rl.py --loss=ppo --reward=rm`.
 """
 import math
+from dataclasses import dataclass
 
 import torch
 
-from checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
-from config import UserError
-from losses import token_logps
+from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
+from nanorl.config import UserError
+from model import token_logps
+
+
+@dataclass
+class RMFlags:  # rl.py's flags of the reward
+    reward: str = "verifier"  # the task's verifier (0/1), or "rm": rm_ckpt's score
+    rm_ckpt: str = "out/rm-mul/ckpt.pt"
+    rm_normalize: bool = True  # RM scores -> (s - running mean) / running std
 
 
 def rm_scores(model, ids, response_mask, offsets, lik_coef):
@@ -19,6 +27,20 @@ def rm_scores(model, ids, response_mask, offsets, lik_coef):
     logp = token_logps(logits[:, :-1], ids[:, 1:], response_mask[:, 1:])  # (N, T-1)
     last = response_mask.shape[1] - 1 - response_mask.flip(1).argmax(1)  # (N,) last answer token
     return s[torch.arange(len(ids), device=ids.device), last] + lik_coef * logp.sum(1), logp
+
+
+def bt_loss(s_chosen, s_rejected):
+    """Bradley-Terry reward-model loss -log sigmoid(s_c - s_r), mean over pairs (B,)."""
+    d = s_chosen - s_rejected  # (B,)
+    stats = {"pair_accuracy": (d > 0).float().mean(), "margin": d.mean().detach()}
+    return -torch.nn.functional.logsigmoid(d).mean(), stats
+
+
+def check(cfg, row):
+    if cfg.reward not in ("verifier", "rm"):
+        raise UserError(f"reward must be verifier or rm, got {cfg.reward}")
+    if cfg.reward == "rm" and (row.family != "pg" or row.binary):
+        raise UserError(f"--reward=rm gives real-valued rewards; {cfg.loss} needs the verifier")
 
 
 class RewardModel:
@@ -40,11 +62,22 @@ class RewardModel:
         return cls(model.to(dev), *ckpt_settings(ckpt, path, "lik_coef"))
 
     @torch.no_grad()
-    def __call__(self, out, rows=128):
+    def __call__(self, b, rows=128):
         """(N,) raw score of each response of a rollout, rows at a time (memory)."""
-        ids, mask, offsets = out["ids"], out["response_mask"], out["offsets"]
-        return torch.cat([rm_scores(self.model, ids[i:i + rows], mask[i:i + rows], offsets[i:i + rows],
-                                    self.lik_coef)[0] for i in range(0, ids.size(0), rows)])
+        full = torch.cat([torch.zeros_like(b.ids[:, :b.ids.size(1) - b.mask.size(1)]), b.mask], 1)
+        return torch.cat([rm_scores(self.model, b.ids[i:i + rows], full[i:i + rows],
+                                    b.offsets[i:i + rows], self.lik_coef)[0]
+                          for i in range(0, b.ids.size(0), rows)])
+
+    def score(self, b, normalize, update):
+        """Put this model's score on a rollout: b.rm_reward the raw score (N,), b.reward the
+        score (normalised by the running statistics, which update=True moves first) plus the
+        shaping the verifier's reward carried."""
+        raw = self(b)  # (N,)
+        if normalize and update:
+            self.update(raw)
+        score = self.normalize(raw) if normalize else raw
+        b.rm_reward, b.reward = raw, score + b.reward - b.correct
 
     def update(self, x):
         n, mean = x.numel(), x.mean().item()

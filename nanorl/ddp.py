@@ -6,7 +6,7 @@ import re
 import torch
 import torch.distributed as dist
 
-from config import UserError
+from nanorl.config import UserError
 
 
 def resolve_device(name):

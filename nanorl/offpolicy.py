@@ -1,0 +1,102 @@
+"""The off-policy lab, opened by --staleness, --sampler_bf16, --rollout_is or --decoupled.
+
+Async RL trains on rollouts a sampler mu made a few updates ago, or in another precision.
+--staleness=k queues each rollout and trains step t on step t-k's (exact: every generator is
+seeded by step, so a resume replays it). Whenever mu can differ from the trainer, pi_old is
+recomputed by the trainer (Rollout.old; mu stays in .mu), the ratio is anchored at it, and
+--rollout_is / --decoupled weigh each token's advantage by pi_old / mu (rollout_weights).
+"""
+from dataclasses import dataclass
+
+import torch
+
+import losses as L
+from model import logprobs
+from nanorl.config import UserError
+
+KINDS = ("none", "tis", "seq_tis", "icepop")
+
+
+@dataclass
+class Flags:  # rl.py's flags of the lab
+    staleness: int = 0  # train each step on the rollout of k steps earlier (async RL)
+    sampler_bf16: bool = False  # add bf16 autocast to the rollouts: a known sampler gap
+    rollout_is: str = "none"  # tis, seq_tis or icepop: weigh each token by pi_old / mu
+    decoupled: bool = False  # decoupled PPO: clip at pi_prox = pi_old, weigh pi_prox / mu
+
+
+def check(cfg, row):
+    """The lab's settings against the row: a one-line error where they do not fit."""
+    if cfg.staleness < 0:
+        raise UserError(f"staleness must be >= 0, got {cfg.staleness}")
+    if cfg.rollout_is not in KINDS:
+        raise UserError(f"rollout_is must be none, tis, seq_tis or icepop, got {cfg.rollout_is}")
+    fix = cfg.rollout_is != "none" or cfg.decoupled
+    if fix and row.ratio is None:
+        raise UserError(f"--rollout_is and --decoupled reweight a policy ratio; {cfg.loss} "
+                        "has none")
+    if cfg.staleness and row.on_policy:
+        raise UserError(f"--staleness trains on old rollouts, which needs an importance ratio; "
+                        f"{cfg.loss} has none")
+    if cfg.rollout_is != "none" and cfg.decoupled:
+        raise UserError("--decoupled brings its own behaviour weight pi_prox/mu: leave "
+                        "--rollout_is=none")
+    if row.ratio == "sequence" and (cfg.rollout_is in ("tis", "icepop") or cfg.decoupled):
+        raise UserError(f"{cfg.loss} weighs whole sequences: only --rollout_is=seq_tis fits it")
+
+
+def delay(queue, b, k):
+    """Queue this step's rollout; the one of k steps ago comes out (None if that step had
+    none), or False while the queue fills."""
+    queue.append(b)
+    return queue.popleft() if len(queue) > k else False
+
+
+@torch.no_grad()
+def recompute(model, b, cfg):
+    """pi_old, the trainer's log-probs of a rollout that mu sampled, into b.old -> the gap
+    |sum_t (log pi_old - log mu)| per sequence, its mean and max."""
+    b.old = logprobs(model, b.ids, b.offsets, b.mask, cfg.temperature, rows=cfg.micro_batch_size)[0]
+    gap = L.masked_sum(b.old - b.mu, b.mask, 1).abs()  # (N,)
+    return {"rl/old_mu_seq_mean": gap.mean().item(), "rl/old_mu_seq_max": gap.max().item()}
+
+
+@torch.no_grad()
+def rollout_weights(old_logp, mu_logp, mask, kind, cap=2.0, low=0.5, high=5.0):
+    """Detached weights (B, T) of a rollout sampled by mu and trained from pi_old, and the share
+    of tokens capped or masked (0-d); rho_t = exp(old_t - mu_t).
+      tis:       min(rho_t, cap) (Yao et al. 2025; verl)
+      seq_tis:   min(prod_t rho_t, cap) on each token of the sequence
+      icepop:    rho_t if low <= rho_t <= high, else 0 (arXiv 2510.18855)
+      decoupled: rho_t = pi_prox / mu, 0 above high (decoupled PPO, AReaL, arXiv 2505.24298;
+                 its clip is anchored at pi_prox = old_logp)
+    Used as w A: w >= 0 is constant, so min(r wA, clip(r) wA) = w min(rA, clip(r) A)."""
+    m = mask.bool()
+    x = torch.where(m, old_logp - mu_logp, 0.0)  # (B, T)
+    rho = torch.exp(x.sum(1, keepdim=True) if kind == "seq_tis" else x).expand(m.shape)
+    if kind in ("tis", "seq_tis"):
+        cut, w = rho > cap, rho.clamp(max=cap)  # (B, T) capped
+    elif kind in ("icepop", "decoupled"):
+        cut = (rho > high) | (rho < low) if kind == "icepop" else rho > high  # (B, T)
+        w = torch.where(cut, 0.0, rho)
+    else:
+        raise ValueError(f"unknown rollout correction {kind!r}; valid: tis, seq_tis, icepop, "
+                         "decoupled")
+    return w, L.masked_mean(cut.float(), m)
+
+
+def weigh(adv, b, cfg, row):
+    """The advantages times the weights of --rollout_is or --decoupled -> (adv, stats); a
+    sequence-ratio row takes seq_tis's one weight per row."""
+    w, cut = rollout_weights(b.old, b.mu, b.mask, "decoupled" if cfg.decoupled else cfg.rollout_is)
+    adv = adv * w[:, 0] if row.ratio == "sequence" else (adv[:, None] if adv.dim() == 1 else adv) * w
+    return adv, {"rl/is_capped_frac": cut.item()}
+
+
+def to_dict(b):
+    """A queued rollout as plain tensors (weights_only checkpoints); None stays None."""
+    return b and {k: v for k, v in vars(b).items() if v is not None}
+
+
+def from_dict(d, dev, cls):
+    return d and cls(**{k: v.to(dev) for k, v in d.items()})

@@ -1,0 +1,304 @@
+"""
+Preference optimisation (DPO, IPO, KTO; SimPO and ORPO without a reference) and the supervised
+baselines (sft: continued SFT on gold answers; rft: rejection-sampling fine-tuning on the
+verified-correct samples), opened by the rows of family pref and sft:
+
+    python rl.py --loss=dpo                 # offline pairs from data/<task>/pairs_train.jsonl
+    python rl.py --loss=kto --pairs=online  # a right and a wrong answer sampled from the policy
+    python rl.py --loss=rft                 # does RL beat plain supervised training?
+
+A step's data becomes (prompt ids, answer ids) rows, and the rows become the row's loss.
+The losses below take (B,) sums of response log-probs, the policy's (with grad) and the
+reference's; losses.ALGOS holds their rows. This file imports no losses.py: that one
+imports this.
+"""
+from dataclasses import dataclass
+
+import json
+import random
+
+import torch
+import torch.nn.functional as F
+
+from data.tasks import (ALPHABET, DATA_DIR, DATA_SEED, TASKS, DataError, check_chars, compute, ensure_data,
+                        labelled, problems_of, read_lines, split_pairs, write)
+from model import logprobs
+from nanorl.checkpoint import unwrap
+from nanorl.config import UserError
+from nanorl.ddp import all_reduce, world_size
+from nanorl import loop
+from nanorl.rows import gold_rows, record_rows, responses
+
+
+@dataclass
+class Flags:  # rl.py's flags of the preference rows
+    pairs: str = "offline"  # from the data files, or "online": from the policy's samples
+    pairs_per_step: int = 256  # offline pairs per step (kto: 2x answers; sft: gold rows)
+
+
+def dpo_loss(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta=0.1, kind="sigmoid",
+             label_smoothing=0.0, rpo_alpha=0.0, chosen_len=None):
+    """DPO (Rafailov et al. 2023), mean over pairs, for m = (pi_c - ref_c) - (pi_r - ref_r):
+      sigmoid: -(1-eps) log sigmoid(beta m) - eps log sigmoid(-beta m), eps = label_smoothing
+               (conservative DPO, Mitchell 2023)
+      ipo:     (m - 1/(2 beta))^2 (IPO, Azar et al. 2023).
+    rpo_alpha > 0 adds the chosen answers' NLL -rpo_alpha pi_c / chosen_len (RPO, Pang 2024)."""
+    chosen, rejected = pi_chosen - ref_chosen, pi_rejected - ref_rejected  # (B,) log-ratios
+    m = chosen - rejected  # (B,)
+    if kind == "sigmoid":
+        per_pair = (-(1 - label_smoothing) * F.logsigmoid(beta * m)
+                    - label_smoothing * F.logsigmoid(-beta * m))  # (B,)
+    elif kind == "ipo":
+        per_pair = (m - 1 / (2 * beta)) ** 2
+    else:
+        raise ValueError(f"unknown DPO kind {kind!r}; valid: sigmoid, ipo")
+    if rpo_alpha:
+        per_pair = per_pair - rpo_alpha * pi_chosen / chosen_len
+    stats = {"chosen_reward": (beta * chosen).mean().detach(),
+             "rejected_reward": (beta * rejected).mean().detach(),
+             "margin": (beta * m).mean().detach(), "pair_accuracy": (m > 0).float().mean()}
+    return per_pair.mean(), stats
+
+
+def kto_loss(pi_logp, ref_logp, desirable, pi_mismatch, ref_mismatch, beta=0.1, lambda_d=1.0,
+             lambda_u=1.0, rpo_alpha=0.0, length=None):
+    """KTO (Ethayarajh et al. 2024), mean over answers: r = pi - ref (B,), reference point
+    z = sg(max(0, mean(pi_mismatch - ref_mismatch))) over mismatched pairs (x_i, y_j);
+    desirable answers lose lambda_d (1 - sigmoid(beta (r - z))), undesirable ones lambda_u
+    (1 - sigmoid(beta (z - r))). rpo_alpha > 0 adds the desirable ones' NLL / length."""
+    r = pi_logp - ref_logp  # (B,)
+    z = (pi_mismatch - ref_mismatch).mean().clamp_min(0).detach()  # () reference point
+    d = desirable.bool()
+    per = torch.where(d, lambda_d * (1 - torch.sigmoid(beta * (r - z))),
+                      lambda_u * (1 - torch.sigmoid(beta * (z - r))))  # (B,)
+    if rpo_alpha:
+        per = per - rpo_alpha * torch.where(d, pi_logp / length, 0.0)
+    rew = (beta * r).detach()  # (B,)
+
+    def mean(sel):  # 0 when empty
+        return torch.where(sel, rew, 0.0).sum() / sel.sum().clamp_min(1)
+    return per.mean(), {"z": z, "desirable_reward": mean(d), "undesirable_reward": mean(~d)}
+
+
+def simpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, beta=2.0, gamma_beta_ratio=0.25,
+               rpo_alpha=0.0):
+    """SimPO (Meng et al. 2024, arXiv 2405.14734), no reference: with a = pi / |y| (EOS
+    included), mean over pairs of -log sigmoid(beta (a_c - a_r) - gamma) - rpo_alpha a_c,
+    gamma = gamma_beta_ratio beta; rpo_alpha is the authors' sft_weight (CPO-SimPO)."""
+    a_c, a_r = pi_chosen / chosen_len, pi_rejected / rejected_len  # (B,) each
+    m = beta * (a_c - a_r)  # (B,)
+    stats = {"chosen_reward": (beta * a_c).mean().detach(),
+             "rejected_reward": (beta * a_r).mean().detach(),
+             "margin": m.mean().detach(), "pair_accuracy": (m > 0).float().mean()}
+    return (-F.logsigmoid(m - gamma_beta_ratio * beta) - rpo_alpha * a_c).mean(), stats
+
+
+def log1mexp(a):
+    """log(1 - exp(a)) for a < 0, accurate on both sides of -log 2 (Maechler 2012); a is
+    clamped to at most -1e-6, where 0 would give -inf."""
+    a = a.clamp(max=-1e-6)
+    return torch.where(a > -0.6931, torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))
+
+
+def orpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, lam=0.1):
+    """ORPO (Hong et al. 2024, arXiv 2403.07691), no reference: with a = pi / |y| and log
+    odds(y) = a - log(1 - e^a), mean over pairs of -a_c - lam log sigmoid(odds_c - odds_r).
+    The NLL covers the chosen response only (TRL's also counts the prompt)."""
+    a_c, a_r = pi_chosen / chosen_len, pi_rejected / rejected_len  # (B,) each, <= 0
+    log_odds = (a_c - a_r) - (log1mexp(a_c) - log1mexp(a_r))  # (B,)
+    stats = {"chosen_reward": a_c.mean().detach(), "rejected_reward": a_r.mean().detach(),
+             "margin": log_odds.mean().detach(),
+             "pair_accuracy": (log_odds > 0).float().mean()}
+    return (-a_c - lam * F.logsigmoid(log_odds)).mean(), stats
+
+
+def nll_loss(logp, mask, n_tokens=None):
+    """The supervised baselines (sft: gold answers; rft: verified own samples, Yuan et al.
+    2023): -sum_t m logp / n_tokens, n_tokens = every response token of the batch."""
+    m = mask.bool()
+    loss = -torch.where(m, logp, 0.0).sum() / (n_tokens or m.sum().clamp_min(1))
+    return loss, {"nll": loss.detach()}
+
+
+
+# ------------------------------------------ pairs data
+WRONG_KINDS = ["last_digit", "carry", "swap", "neighbour", "length"]  # pairs files take turns
+RECORD_FIELDS = {"pairs": {"prompt": str, "chosen": str, "rejected": str},  # "kind" optional
+                 "kto": {"prompt": str, "completion": str, "label": bool}}
+
+
+def wrong_answer(kind, a, b, op, rng):
+    """A plausible wrong answer (normal order, no leading zero) of one of WRONG_KINDS."""
+    if kind not in WRONG_KINDS:
+        raise DataError(f"unknown wrong-answer kind {kind!r}; valid: {WRONG_KINDS}")
+    ans = str(compute(op, a, b))
+    for _ in range(100):
+        if kind == "last_digit":  # last digit off by 1..3
+            w = ans[:-1] + str((int(ans[-1]) + rng.choice([-3, -2, -1, 1, 2, 3])) % 10)
+        elif kind == "carry":  # a dropped or extra carry: one higher digit off by one
+            i = rng.randrange(max(1, len(ans) - 1))
+            w = ans[:i] + str((int(ans[i]) + rng.choice([-1, 1])) % 10) + ans[i + 1:]
+        elif kind == "swap":  # two adjacent digits swapped
+            i = rng.randrange(len(ans) - 1) if len(ans) > 1 else 0
+            w = ans[:i] + ans[i:i + 2][::-1] + ans[i + 2:]
+        elif kind == "neighbour":  # the result of a neighbouring problem
+            w = str(compute(op, a + rng.choice([-1, 1]), b))
+        else:  # length: a digit dropped or repeated
+            i, drop = rng.randrange(len(ans)), rng.random() < 0.5
+            w = ans[:i] + ans[i + 1:] if drop and len(ans) > 1 else ans[:i + 1] + ans[i:]
+        if w != ans and (w == "0" or w[0] != "0"):
+            return w
+    return str(int(ans) + 1)  # every kind failed (tiny answers): still plausible and wrong
+
+
+def ensure_pairs(task, data_dir=DATA_DIR, seed=DATA_SEED):
+    """A built-in task's folder with its preference files, generated once (seeded):
+    pairs_<split>.jsonl {"prompt", "chosen", "rejected", "kind"}, one wrong answer of each
+    kind in turn, and kto_<split>.jsonl {"prompt", "completion", "label"}, label true =
+    desirable. Your own task (a folder) has none: use --pairs=online."""
+    root = ensure_data(task, data_dir, seed)
+    stamp = json.dumps({"seed": seed, "task": TASKS.get(task), "kinds": WRONG_KINDS})
+    if task not in TASKS or (root / "pairs_done").exists() and \
+            (root / "pairs_done").read_text() == stamp:
+        return root
+    op, rng = TASKS[task]["op"], random.Random(seed + 1)
+    for split, pairs in split_pairs(task, seed).items():
+        pref, kto = [], []
+        for i, (prompt, ans) in enumerate(problems_of(pairs, op)):
+            kind = WRONG_KINDS[i % len(WRONG_KINDS)]  # an even, fixed mix of kinds
+            wrong = wrong_answer(kind, *map(int, prompt[:-1].split(op)), op, rng)
+            pref.append(dict(prompt=prompt, chosen=ans, rejected=wrong, kind=kind))
+            kto.append(dict(prompt=prompt, completion=wrong if i % 2 else ans, label=i % 2 == 0))
+        write(root / f"pairs_{split}.jsonl", map(json.dumps, pref))
+        write(root / f"kto_{split}.jsonl", map(json.dumps, kto))
+    (root / "pairs_done").write_text(stamp)
+    return root
+
+
+def load_records(path, kind, alphabet=ALPHABET):
+    """Preference pairs (kind "pairs") or KTO labels ("kto") from JSONL -> [dict]."""
+    fields, out = RECORD_FIELDS[kind], []
+    for where, line in read_lines(path, f"{kind} records"):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where} not valid JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{where} expected a JSON object with fields {sorted(fields)}")
+        for k, typ in fields.items():
+            if not isinstance(rec.get(k), typ):
+                raise DataError(f"{where} field {k!r} missing or not a {typ.__name__}")
+            if typ is str:
+                check_chars(rec[k], alphabet, f"{where} field {k!r} has")
+        out.append(rec)
+    return out
+
+
+def check(cfg, row):
+    if cfg.pairs not in ("offline", "online"):
+        raise UserError(f"pairs must be offline or online, got {cfg.pairs}")
+
+
+def offline(cfg, row):
+    """Whether the row trains on a step's worth of data files rather than on fresh samples."""
+    return row.data == "gold" or row.family == "pref" and cfg.pairs == "offline"
+
+
+def data(cfg, row, task):
+    """What a step draws from: gold problems (sft: only the labels SFT saw), offline pairs or
+    KTO answers, else the train prompts."""
+    if row.data == "gold":
+        return labelled(task.train, task.n_train)
+    if offline(cfg, row):
+        return load_records(ensure_pairs(task.name) / f"{row.data}_train.jsonl", row.data)
+    return task.train
+
+
+def step(cfg, row, run, b, lr):
+    """One preference or supervised step on this rank's rows: offline ones drawn from the data
+    files (b None), online ones picked from the rollout b -> its stats (none when some rank
+    has no rows)."""
+    task = run.task
+    if b is None:
+        n = cfg.pairs_per_step // world_size() * (2 if row.data == "kto" else 1)
+        items = [task.train[i] for i in run.prompts.take(n)]
+        rows, labels = (gold_rows(task.tok, items, task.reverse), None) if row.data == "gold" \
+            else record_rows(task.tok, items, task.reverse)
+    else:
+        rows, labels = rollout_rows(b, row, cfg.group_size)
+    if all_reduce(float(not rows), "max").item():  # on any rank: no update
+        return {}
+    loss, stats = rows_loss(run.fwd, run.ref, task.tok.pad_id, rows, labels, row, run.hp)
+    gnorm = loop.optimizer_step(unwrap(run.model), run.opt, loss, lr, cfg.grad_clip)
+    return {**stats, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(), "rl/lr": lr}
+
+
+def rollout_rows(b, row, G):
+    """A rollout -> (rows, labels): rft keeps the verified-correct samples; a pair row takes one
+    (correct, wrong) pair per group (every group holds both): chosen rows, then rejected rows,
+    and KTO's labels mark the correct half desirable."""
+    correct = b.correct.view(-1, G).cpu()  # (groups, G)
+    if row.data == "samples":
+        picked = correct.flatten().nonzero().flatten().tolist()
+    else:
+        first = torch.arange(correct.size(0)) * G  # (groups,) each group's first row
+        picked = (first + correct.argmax(1)).tolist() + (first + correct.argmin(1)).tolist()
+    resp, P = responses(b), b.ids.size(1) - b.mask.size(1)
+    rows = [(b.ids[r, int(b.offsets[r]):P].tolist(), resp[r]) for r in picked]
+    return rows, (None if row.data == "samples" else torch.arange(len(rows)) < len(rows) // 2)
+
+
+def pack_left(rows, pad_id):
+    """[(prompt ids, answer ids)] -> ids (N, P+L) with left-padded prompts, their offsets (N,)
+    and the answer mask (N, L): the rows as the sampler lays them out."""
+    P, T = max(len(p) for p, _ in rows), max(len(r) for _, r in rows)
+    ids = torch.full((len(rows), P + T), pad_id, dtype=torch.long)  # (N, P+L)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)  # (N, L)
+    for i, (p, r) in enumerate(rows):
+        ids[i, P - len(p):P + len(r)] = torch.tensor(p + r)
+        mask[i, :len(r)] = 1
+    return ids, torch.tensor([P - len(p) for p, _ in rows]), mask
+
+
+def row_logps(model, rows, pad_id):
+    """(logp, mask), both (N, L): the answer tokens' log-probs of (prompt, answer) rows."""
+    dev = next(model.parameters()).device
+    ids, offsets, mask = (t.to(dev) for t in pack_left(rows, pad_id))
+    return logprobs(model, ids, offsets, mask)[0], mask
+
+
+def seq_logps(model, rows, pad_id):
+    """(N,) the sum of the answer tokens' log-probs of each (prompt, answer) row."""
+    return row_logps(model, rows, pad_id)[0].sum(1)  # 0 off the mask
+
+
+def rows_loss(model, ref, pad_id, rows, labels, row, hp):
+    """One batch's loss and stats. The loss is a mean over every DDP rank's rows (sft, rft:
+    answer tokens), so the ranks' summed gradients are the whole batch's. Pair rows are n
+    chosen then n rejected; KTO's reference point z comes from mismatched pairs (answer i+1
+    after prompt i), per rank."""
+    if row.family == "sft":  # the per-token NLL of the answers, at temperature 1
+        lp, m = row_logps(model, rows, pad_id)  # (N, L) each
+        loss, st = nll_loss(lp, m, n_tokens=all_reduce(m.sum().item()).item())
+        return loss, {"rl/nll": st["nll"].item(), "rl/n_seqs": len(rows),
+                      "rl/n_tokens": m.sum().item()}
+    with_ref = "ref" in row.needs  # simpo, orpo: reference-free, no reference forward
+    with torch.no_grad():
+        ref_lp = seq_logps(ref, rows, pad_id) if with_ref else None  # (N,)
+        if row.data == "kto":
+            mismatched = [(p, rows[(i + 1) % len(rows)][1]) for i, (p, _) in enumerate(rows)]
+            mis = seq_logps(model, mismatched, pad_id), seq_logps(ref, mismatched, pad_id)
+    pi = seq_logps(model, rows, pad_id)  # (N,)
+    length = torch.tensor([float(len(r)) for _, r in rows], device=pi.device)  # (N,) |y|
+    n = len(rows) // 2
+    if row.data == "kto":
+        loss, st = row.objective(pi, ref_lp, labels.to(pi.device), *mis, length=length, **hp)
+    elif with_ref:
+        loss, st = row.objective(pi[:n], pi[n:], ref_lp[:n], ref_lp[n:], chosen_len=length[:n],
+                                 **hp)
+    else:
+        loss, st = row.objective(pi[:n], pi[n:], length[:n], length[n:], **hp)
+    stats = {**{f"rl/{k}": float(v) for k, v in st.items()}, "rl/n_seqs": len(rows)}
+    if with_ref:
+        stats["rl/log_ratio"] = (pi.detach() - ref_lp).mean().item()  # mean log pi/ref
+    return loss * len(rows) / all_reduce(float(len(rows))).item(), stats

@@ -1,0 +1,103 @@
+"""Rows: prompts and gold answers as token ids, sampled responses, packed (prompt, answer)
+rows, a rollout record's rows joined or taken, and the prompt sampler that feeds rl.py."""
+import torch
+import torch.nn.functional as F
+
+from data.tasks import format_answer, format_prompt
+from model import seeded
+
+
+def encode_prompts(tok, prompts, reverse):
+    """Normal-order prompt strings -> the token ids the model reads."""
+    return [tok.encode(format_prompt(p, reverse)) for p in prompts]
+
+
+def gold_rows(tok, problems, reverse):
+    """[(prompt, answer)] in normal order -> [(prompt ids, answer ids + EOS)]."""
+    answers = [tok.encode(format_answer(a, reverse)) + [tok.eos_id] for _, a in problems]
+    return list(zip(encode_prompts(tok, [p for p, _ in problems], reverse), answers))
+
+
+def responses(out):
+    """The sampled token ids of each row, EOS included, padding cut, of a `generate` result or
+    a Rollout (its ids (N, P+L) and response mask (N, L))."""
+    ids, mask = (out["ids"], out["response_mask"][:, out["prompt_len"]:]) if isinstance(out, dict) \
+        else (out.ids, out.mask)
+    P = ids.size(1) - mask.size(1)
+    return [r[P:P + n] for r, n in zip(ids.tolist(), mask.sum(1).tolist())]
+
+
+def record_rows(tok, recs, reverse):
+    """Offline JSONL records -> (rows, labels): DPO pairs give chosen rows then rejected rows and
+    labels None; KTO records give one row each and their desirable labels (N,)."""
+    if "label" in recs[0]:  # KTO
+        labels = torch.tensor([r["label"] for r in recs])  # (N,)
+        return gold_rows(tok, [(r["prompt"], r["completion"]) for r in recs], reverse), labels
+    pairs = [(r["prompt"], r[key]) for key in ("chosen", "rejected") for r in recs]
+    return gold_rows(tok, pairs, reverse), None
+
+
+def pack(rows, pad_id):
+    """[(prompt ids, response ids)] -> ids (N, T) right-padded, each row from position 0 as in SFT,
+    and the response mask (N, T), 1 on the response tokens."""
+    T = max(len(p) + len(r) for p, r in rows)
+    ids = torch.full((len(rows), T), pad_id, dtype=torch.long)  # (N, T)
+    mask = torch.zeros(len(rows), T, dtype=torch.long)  # (N, T)
+    for i, (p, r) in enumerate(rows):
+        ids[i, :len(p) + len(r)] = torch.tensor(p + r)
+        mask[i, len(p):len(p) + len(r)] = 1
+    return ids, mask
+
+
+def cat(parts):
+    """One record (a dataclass of per-row tensors such as rl.Rollout) from several: the ids'
+    prompts left-padded to the longest (offsets follow), every (N, L) field right-padded."""
+    P = max(p.ids.size(1) - p.mask.size(1) for p in parts)
+    T = max(p.mask.size(1) for p in parts)
+
+    def fit(p, k, v):  # a part's field, laid out as the joined record's
+        left, right = P - (p.ids.size(1) - p.mask.size(1)), T - p.mask.size(1)
+        if k == "ids":
+            return F.pad(v, (left, right))
+        return v + left if k == "offsets" else F.pad(v, (0, right)) if v.dim() == 2 else v
+    return type(parts[0])(**{k: None if v is None else torch.cat([fit(p, k, getattr(p, k))
+                                                                  for p in parts])
+                             for k, v in vars(parts[0]).items()})
+
+
+def take(b, rows):
+    """The record of these rows (a bool mask (N,) or indices) of record b."""
+    return type(b)(**{k: None if v is None else v[rows] for k, v in vars(b).items()})
+
+
+class PromptSampler:
+    """Epochs over n prompts, each in the order seeded by (key, epoch). With selection on, a
+    prompt whose group was all right or all wrong at its last visit is skipped once."""
+
+    def __init__(self, n, key, selection):
+        self.n, self.key, self.selection = n, key, selection
+        self.load_state_dict({"epoch": 0, "pos": 0, "saturated": []})
+
+    def take(self, k):
+        out = []
+        while len(out) < k:
+            if self.pos >= self.n:  # the next epoch, in its own order
+                self.load_state_dict({"epoch": self.epoch + 1, "pos": 0,
+                                      "saturated": self.saturated})
+            i = self.order[self.pos]
+            self.pos += 1
+            if self.selection and i in self.saturated:
+                self.saturated.discard(i)
+            else:
+                out.append(i)
+        return out
+
+    def record(self, idx, group_rewards):
+        self.saturated |= {i for i, r in zip(idx, group_rewards.tolist()) if min(r) == max(r)}
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "pos": self.pos, "saturated": sorted(self.saturated)}
+
+    def load_state_dict(self, s):
+        self.epoch, self.pos, self.saturated = s["epoch"], s["pos"], set(s["saturated"])
+        self.order = torch.randperm(self.n, generator=seeded("cpu", self.key, self.epoch)).tolist()
