@@ -17,4 +17,4 @@ demo: install
 test: install-test
 	$(PYTHON) -m pytest
 compare: install
-	$(PYTHON) compare.py
+	$(PYTHON) bench/compare.py

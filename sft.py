@@ -80,7 +80,7 @@ def build_model(cfg, tok):
     if cfg.init_from == "scratch":
         shape = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout)
         return GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=cfg.block_size, **shape))
-    from lab.gpt2 import from_pretrained  # only for --init_from
+    from bench.gpt2 import from_pretrained  # only for --init_from
     model = from_pretrained(cfg.init_from, cfg.block_size, cfg.dropout)
     if model.config.vocab_size != tok.vocab_size:
         raise UserError(f"init_from={cfg.init_from!r} has {model.config.vocab_size} tokens, the "

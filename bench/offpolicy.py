@@ -23,7 +23,7 @@ from statistics import mean
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from lab import compare  # noqa: E402
+from bench import compare  # noqa: E402
 from nanorl.checkpoint import ckpt_settings, load_checkpoint  # noqa: E402
 from nanorl.config import UserError, print_config, run_cli  # noqa: E402
 from data.tasks import ensure_data  # noqa: E402

@@ -6,7 +6,7 @@ Time GRPO steps of the default model: rollout vs update, median over steps after
                             [--sample_batch_size=256] [--micro_batch_size=256] [--profile=true]
 
 Uses the SFT checkpoint when it exists (realistic response lengths and rewards), else a freshly
-initialised default model. Runs the real rl.collect / rl.update (no dynamic sampling). Prints the
+initialised default model. Runs the real rl.collect, rl.prepare and rl.update (no dynamic sampling). Prints the
 rollout's sampled tokens/s and `median_step_s=<seconds>`, the number the speed work compares; with
 --profile, then each phase's share of a step and the top ops.
 """
@@ -22,12 +22,14 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import losses as L  # noqa: E402
 import rl  # noqa: E402
-from nanorl.config import load_config  # noqa: E402
-from data.tasks import ALPHABET, ensure_data, load_problems  # noqa: E402
-from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from data.tasks import ALPHABET, load_split  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
-from tokenizer import CharTokenizer  # noqa: E402
+from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from nanorl.config import load_config  # noqa: E402
+from nanorl.evaluate import Task  # noqa: E402
 from nanorl.loop import adamw  # noqa: E402
+from nanorl.rows import PromptSampler  # noqa: E402
+from tokenizer import CharTokenizer  # noqa: E402
 
 
 @dataclass
@@ -45,6 +47,24 @@ class Config:
     profile: bool = False  # then also: where a step's time goes (cProfile phases, torch.profiler ops)
 
 
+def grpo_run(model, tok, reverse, beta, lr):
+    """rl.py's Run around a model in hand (the mul task's train prompts, a frozen reference)."""
+    task = Task(tok, "mul", reverse, "exact", 0, load_split("mul", "train"))
+    ref = copy.deepcopy(model).eval().requires_grad_(False)
+    return rl.Run(model.eval(), model, ref, adamw(model, lr, 0.0), task, PromptSampler(len(task.train), 1, False),
+                  L.resolve_hparams("grpo", beta=beta))
+
+
+def grpo_step(cfg, run, gen, lr):
+    """One step of rl.py's GRPO -> (rollout seconds, update seconds, the rollout)."""
+    row, t0 = L.ALGOS["grpo"], time.perf_counter()
+    batch, _ = rl.collect(cfg, row, run, gen)
+    t1 = time.perf_counter()
+    ref_lp, adv, inputs, _ = rl.prepare(cfg, row, run, batch)
+    rl.update(cfg, row, run, batch, adv, inputs, ref_lp, lr, gen)
+    return t1 - t0, time.perf_counter() - t1, batch
+
+
 def main(b):
     torch.set_num_threads(b.threads)
     torch.manual_seed(0)
@@ -56,24 +76,15 @@ def main(b):
         tok = CharTokenizer(ALPHABET)
         model, reverse, what = GPT(GPTConfig(vocab_size=tok.vocab_size)), True, "fresh default model"
     cfg = rl.Config(loss="grpo", prompts_per_step=b.prompts_per_step, group_size=b.group_size,
-                    max_new_tokens=b.max_new_tokens, beta=b.beta, prompt_selection=False,
-                    sample_batch_size=b.sample_batch_size, micro_batch_size=b.micro_batch_size)
-    hp = L.resolve_hparams("grpo", beta=b.beta)
-    train = load_problems(ensure_data("mul") / "train.txt")
-    ref = copy.deepcopy(model).eval().requires_grad_(False)
-    model.eval()
-    opt = adamw(model, 1e-5, 0.0)
-    gen = torch.Generator().manual_seed(0)
-    prompts = rl.PromptSampler(len(train), 1, False)
+                    max_new_tokens=b.max_new_tokens, beta=b.beta, prompt_selection=False, dynamic_sampling=False,
+                    overlong_window=0, sample_batch_size=b.sample_batch_size, micro_batch_size=b.micro_batch_size)
+    run, gen = grpo_run(model, tok, reverse, b.beta, 1e-5), torch.Generator().manual_seed(0)
     roll, upd, tokens = [], [], []
 
     def one_step():
-        t0 = time.perf_counter()
-        batch, _ = rl.collect(model, tok, train, prompts, cfg, gen, reverse, dyn=False)
-        t1 = time.perf_counter()
-        rl.update(model, ref, opt, batch, cfg, hp, gen, lr=1e-5)
-        tokens.append(batch["response_mask"].sum().item())  # sampled tokens, EOS included
-        return t1 - t0, time.perf_counter() - t1
+        r, u, batch = grpo_step(cfg, run, gen, 1e-5)
+        tokens.append(batch.mask.sum().item())  # sampled tokens, EOS included
+        return r, u
 
     for i in range(b.warmup + b.steps):
         r, u = one_step()
@@ -92,9 +103,9 @@ def main(b):
 
 
 PHASES = {"rollout: sampler": "model.py:.*\\(generate\\)", "rollout: grading": "rl.py:.*\\(rollout\\)",
-          "update: reference forward": "rl.py:.*\\(frozen_logps\\)",
-          "update: policy forward": "rl.py:.*\\(policy_logps\\)", "update: backward": "method 'run_backward'",
-          "update: optimizer": "policy.py:.*\\(optimizer_step\\)", "update: all": "rl.py:.*\\(update\\)",
+          "update: reference forward": "rl.py:.*\\(prepare\\)",
+          "update: policy forward": "rl.py:.*\\(forward\\)", "update: backward": "method 'run_backward'",
+          "update: optimizer": "loop.py:.*\\(optimizer_step\\)", "update: all": "rl.py:.*\\(update\\)",
           "step": "one_step"}
 
 
@@ -111,7 +122,7 @@ def profile(one_step, n):
     cum = {k: sum(v[3] for f, v in stats.items() if re.search(pat, f"{f[0]}:{f[1]}({f[2]})"))
            for k, pat in PHASES.items()}
     cum["rollout: grading"] -= cum["rollout: sampler"]
-    cum["update: policy forward"] -= cum["update: reference forward"]
+    cum["update: all"] += cum["update: reference forward"]
     for k, v in cum.items():
         print(f"{k:28s} {1e3 * v / n:8.1f} ms  {100 * v / cum['step']:5.1f}%")
     with torch_profile() as p:

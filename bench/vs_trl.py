@@ -20,7 +20,6 @@ each side's rollout/update split, ratio = TRL / ours, and each side against the
 FLOP limit (our step's FLOPs at this machine's GEMM rate). --only=ours|trl runs one side alone
 and adds its peak RSS (ru_maxrss), which in a shared process would be the larger side's.
 """
-import copy
 import os
 import resource
 import statistics
@@ -32,16 +31,15 @@ from dataclasses import dataclass
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import losses as L  # noqa: E402
 import rl  # noqa: E402
+from bench.rl_step import grpo_run, grpo_step  # noqa: E402
 from nanorl.config import load_config  # noqa: E402
 from nanorl.evaluate import grade  # noqa: E402
 from data.tasks import ALPHABET, format_prompt, load_split  # noqa: E402
-from lab.gpt2 import HF_TRANSPOSED  # noqa: E402
+from bench.gpt2 import HF_TRANSPOSED  # noqa: E402
 from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
-from nanorl.loop import adamw  # noqa: E402
 
 
 @dataclass
@@ -104,25 +102,19 @@ def main(b):
         model, reverse, what = GPT(GPTConfig(vocab_size=tok.vocab_size)), True, "a fresh default model"
     train = load_split("mul", "train")
     cfg = rl.Config(loss="grpo", prompts_per_step=b.prompts, group_size=b.group_size, max_new_tokens=b.max_new_tokens,
-                    beta=b.beta, prompt_selection=False)
-    hp = L.resolve_hparams("grpo", beta=b.beta)
-    ref = copy.deepcopy(model).eval().requires_grad_(False)
+                    beta=b.beta, prompt_selection=False, dynamic_sampling=False, overlong_window=0)
     ours = {"step": [], "rollout": [], "update": [], "distinct": []}
-    opt, gen = None, torch.Generator().manual_seed(0)
-    prompts = rl.PromptSampler(len(train), 1, False)
+    run, gen = None, torch.Generator().manual_seed(0)
 
     def our_step():
-        nonlocal opt
-        if opt is None:
-            opt = adamw(model, b.lr, 0.0)
+        nonlocal run
+        if run is None:  # made at the first step: AdamW, reference and prompts as rl.py's
+            run = grpo_run(model, tok, reverse, b.beta, b.lr)
         model.eval()  # as rl.py: dropout off for every log-prob
-        t0 = time.perf_counter()
-        batch, _ = rl.collect(model, tok, train, prompts, cfg, gen, reverse, dyn=False)
-        t1 = time.perf_counter()
-        rl.update(model, ref, opt, batch, cfg, hp, gen, lr=b.lr)
-        t2 = time.perf_counter()
-        distinct = len(torch.unique(batch["ids"], dim=0)) / len(batch["ids"])  # rows our forwards run
-        for k, v in (("step", t2 - t0), ("rollout", t1 - t0), ("update", t2 - t1), ("distinct", distinct)):
+        r, u, batch = grpo_step(cfg, run, gen, b.lr)
+        keys = torch.cat([batch.offsets[:, None], batch.ids], 1)  # a row: its padding and its tokens
+        distinct = len(torch.unique(keys, dim=0)) / len(batch.ids)  # the rows our forwards run
+        for k, v in (("step", r + u), ("rollout", r), ("update", u), ("distinct", distinct)):
             ours[k].append(v)
 
     theirs = {"step": [], "rollout": [], "update": []}

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from lab import compare
+from bench import compare
 from nanorl.config import UserError
 
 from test_rl import ROOT, sft_ckpt  # noqa: F401 (the tiny SFT checkpoint fixture)
@@ -26,7 +26,7 @@ def table(md):
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, "lab/compare.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "bench/compare.py", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import pytest
 import torch
 import transformers
 
-from lab.gpt2 import from_pretrained
+from bench.gpt2 import from_pretrained
 from nanorl.checkpoint import CheckpointError
 
 torch.set_num_threads(1)

@@ -1,6 +1,6 @@
 """Every RL post-training algorithm from one SFT checkpoint, side by side: compare.md and .png.
 
-    python lab/compare.py --losses=grpo,dr_grpo,sft --seeds=1,2,3 --rl_args="--minibatches=4"
+    python bench/compare.py --losses=grpo,dr_grpo,sft --seeds=1,2,3 --rl_args="--minibatches=4"
 
 Each (loss, seed) is one rl.py run on 1 thread in out_dir/runs/<loss>-s<seed>; the baselines
 (continued SFT, rejection-sampling fine-tuning) train as long as max_iters RL steps."""
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from statistics import mean, stdev
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)  # python lab/compare.py runs from anywhere
+sys.path.insert(0, ROOT)  # python bench/compare.py runs from anywhere
 import losses as L  # noqa: E402
 import rl  # noqa: E402
 from data.tasks import ensure_data  # noqa: E402
@@ -180,7 +180,7 @@ def main(cfg):
     drew = plot(runs, list(steps), os.path.join(cfg.out_dir, "compare.png"))
     base = ", ".join(f"{n} {k}" for n, k in steps.items() if L.ALGOS[n].family == "sft") or "-"
     argv = [f"--{k}={v}" for k, v in vars(cfg).items() if v != getattr(Config, k)]
-    md = ["# Algorithm comparison", "", "    " + shlex.join(["python", "lab/compare.py", *argv]), "",
+    md = ["# Algorithm comparison", "", "    " + shlex.join(["python", "bench/compare.py", *argv]), "",
           f"- steps: {cfg.max_iters} per run; baselines (budget {cfg.baseline_budget}): {base}",
           f"- held out: the {task} test split; KL, resp len, truncated: 4 samples of 256 prompts",
           f"- labels: the SFT checkpoint's ({labels} train problems), the only ones continued SFT sees",
