@@ -1,6 +1,6 @@
 """Losses, advantages and KL estimators as pure tensor functions, and ALGOS: a row per
-`rl.py --loss=NAME` holding every fact of that algorithm; the loop reads its columns, never
-its name. Every loss is minimised and returns (loss, stats).
+`rl.py --loss=NAME` holding every fact of it; the loop reads its columns, never its name.
+Every loss is minimised and returns (loss, stats).
 
 - Tensors are aligned to the response (position 0: its first token), right-padded.
   logp / old_logp / ref_logp (B, T): log-probs of the sampled tokens under the policy
@@ -36,7 +36,7 @@ def masked_mean(x, mask, dim=None):
 
 
 def token_entropy(logits, temperature=1.0):
-    """(B, T) entropy of the tempered fp32 softmax at every position; the caller masks it."""
+    """(B, T) entropy of the tempered fp32 softmax; the caller masks it."""
     logp = F.log_softmax(logits.float() / temperature, dim=-1)  # (B, T, V)
     p = logp.exp()
     return -(p * torch.where(p > 0, logp, 0.0)).sum(-1)  # 0 * -inf would be NaN
@@ -117,8 +117,8 @@ def kl_estimate(logp, ref_logp, kind="k3"):
 
 @torch.no_grad()
 def kl_in_reward(score, logp, ref_logp, mask, beta):
-    """(B, T) token rewards: -beta k1 on every masked token, plus the (B,) sequence score on
-    the last one. Maximising their sum maximises E[R] - beta KL (PPO, REINFORCE++)."""
+    """(B, T) token rewards: -beta k1 on every masked token, the (B,) score on the last one:
+    maximising their sum maximises E[R] - beta KL (PPO, REINFORCE++)."""
     m = mask.bool()
     rewards = torch.where(m, -beta * kl_estimate(logp, ref_logp, "k1"), 0.0)  # (B, T)
     last = m.shape[1] - 1 - m.flip(1).int().argmax(1)  # (B,) position of the last token
@@ -151,25 +151,6 @@ def adaptive_beta(beta, kl, target, n, horizon=10000):
     return beta * (1 + min(max(kl / target - 1, -0.2), 0.2) * n / horizon)
 
 
-def cliff_advantages(rewards, first_wrong, mask, lam=0.0):
-    """CLIFF (2025) -> (P, G, T) from 0/1 rewards (P, G), first_wrong (P, G) (-1: none) and
-    mask (P, G, T). With the group's mean mu, std sd: a correct answer gets (1-mu)/sd = a_good,
-    a wrong one lam a_good before its first wrong token, -mu/sd from it; centred per group."""
-    if not ((rewards == 0) | (rewards == 1)).all():
-        raise ValueError("cliff_advantages needs binary 0/1 rewards (the exact verifier)")
-    m, rewards = mask.bool(), rewards.float()
-    mu = rewards.mean(-1, keepdim=True)  # (P, 1)
-    sd = rewards.std(-1, correction=0, keepdim=True)  # (P, 1)
-    live = sd > 0  # (P, 1) groups with signal
-    sd = torch.where(live, sd, 1.0)
-    a_good, a_bad = ((1 - mu) / sd)[..., None], (-mu / sd)[..., None]  # (P, 1, 1)
-    t = torch.arange(m.shape[-1], device=m.device)  # (T,)
-    before = t < first_wrong.clamp_min(0)[..., None]  # (P, G, T)
-    adv = torch.where(rewards[..., None] == 1, a_good, torch.where(before, lam * a_good, a_bad))
-    adv = adv - masked_mean(adv.expand(m.shape), m, dim=(1, 2))[:, None, None]
-    return torch.where(m & live[..., None], adv, 0.0)
-
-
 def clip_objective(ratio, adv, eps_low, eps_high, clip_c=None):
     """PPO's clip (Schulman et al. 2017) -> (obj, low, high): min(rA, clip(r, 1-eps_low,
     1+eps_high) A), dual clip (Ye et al. 2020): >= clip_c A for A < 0; low/high: cut there."""
@@ -183,8 +164,8 @@ def clip_objective(ratio, adv, eps_low, eps_high, clip_c=None):
     return obj, low, high
 
 # -------------------------------------------------------------- objectives
-# Each maps (logp, old_logp, adv, m, hp, **inputs) with padding zeroed and constants detached
-# to (objective to maximise, (B, T) or (B,), stats); `loss` adds the KL and aggregates.
+# (logp, old_logp, adv, m, hp, **inputs), padding zeroed, constants detached -> (objective to
+# maximise, (B, T) or (B,), stats); `loss` adds the KL and aggregates.
 
 
 @torch.no_grad()
@@ -282,10 +263,11 @@ def cispo(logp, old_logp, adv, m, hp):
 
 
 def pnpo(logp, old_logp, adv, m, hp):
-    """PNPO (2025): gate w A logp, prefix weight w_t = sg(exp(cumsum(d)_t / t)), t from 1; gate
-    1 iff 1 - eps_low h_t <= w_t <= 1 + eps_high h_t, h_t = sqrt(|y_i| / t)."""
-    d = (logp - old_logp).detach()  # (B, T) 0 at padding
-    t = torch.arange(1, m.shape[1] + 1, device=m.device)  # (T,)
+    """PNPO (2025): gate w A logp, prefix weight w_t = sg(exp(cumsum(d)_t / t)), t the token's
+    index among the policy's, from 1; gate 1 iff 1 - eps_low h_t <= w_t <= 1 + eps_high h_t,
+    h_t = sqrt(|y_i| / t)."""
+    d = (logp - old_logp).detach()  # (B, T) 0 off the mask
+    t = m.cumsum(1).clamp_min(1)  # (B, T) a tool's tokens do not count
     w = torch.exp(d.cumsum(1) / t)  # (B, T)
     h = torch.sqrt(m.sum(1, keepdim=True) / t)  # (B, T)
     low, high = w < 1 - hp["eps_low"] * h, w > 1 + hp["eps_high"] * h
@@ -371,7 +353,7 @@ def loss(name, logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=N
 @dataclass(frozen=True)
 class Algo:  # a row: everything rl.py does for one --loss
     objective: Callable  # per token or per sequence (pg, clip, ...), or a pair loss
-    advantage: Optional[str]  # a group_advantages kind, cliff, gae, rpp, greedy, teacher
+    advantage: Optional[str]  # group_advantages' kind, first_wrong, gae, rpp, greedy, teacher
     kl: Optional[str]  # where beta's KL goes: "loss" (-beta KL), "reward" (-beta k1)
     agg: str  # what the loss divides by (aggregate)
     needs: tuple = ()  # values, teacher(_logits), greedy, tokens, group_correct, ref
@@ -380,7 +362,7 @@ class Algo:  # a row: everything rl.py does for one --loss
     binary: bool = False  # its advantage assumes 0/1 rewards
     overlong: int = 0  # DAPO's overlong shaping window in tokens
     family: str = "pg"  # pg: rollouts; pref: pairs; sft: supervised rows
-    data: str = "rollout"  # pref: pairs, kto; sft: gold, samples
+    data: str = "rollout"  # pref: pairs, labels (KTO); sft: gold, samples
     defaults: dict = field(default_factory=dict)  # the papers' values, unless measured
 
 
@@ -408,7 +390,7 @@ ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
     "gapo": Algo(gapo, "mean", "loss", SEQ, needs=("group_correct",), ratio="sequence",
                  binary=True, defaults=dict(_CLIP, eps_low=0.003, eps_high=0.005)),
     "pnpo": Algo(pnpo, "std", "loss", SEQ, defaults=dict(_SOFT, eps_low=7e-4, eps_high=9.5e-4)),
-    "cliff": Algo(clip, "cliff", "loss", SEQ, binary=True, defaults=dict(_CLIP, beta=0.04)),
+    "cliff": Algo(clip, "first_wrong", "loss", SEQ, binary=True, defaults=dict(_CLIP, beta=0.04)),
     "gmpo": Algo(gmpo, "std", "loss", SEQ, ratio="sequence",
                  defaults=dict(_SOFT, eps_low=0.4, eps_high=0.4)),
     "dppo": Algo(dppo, "std", "loss", TOK, defaults=dict(_SOFT, delta=0.2, is_cap=20.0)),
@@ -427,7 +409,7 @@ ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
                 defaults=dict(_RPO, kind="sigmoid", label_smoothing=0.0)),
     "ipo": Algo(dpo_loss, None, None, "pairs", needs=("ref",), **PAIRS,
                 defaults=dict(_RPO, beta=0.5, kind="ipo")),  # a 1-nat margin
-    "kto": Algo(kto_loss, None, None, "answers", needs=("ref",), **dict(PAIRS, data="kto"),
+    "kto": Algo(kto_loss, None, None, "answers", needs=("ref",), **dict(PAIRS, data="labels"),
                 defaults=dict(_RPO, beta=1.0, lambda_d=1.0, lambda_u=1.0)),  # 0.1: -pass@8
     "simpo": Algo(simpo_loss, None, None, "pairs", **PAIRS,
                   defaults=dict(_RPO, beta=2.0, gamma_beta_ratio=0.25)),
@@ -444,8 +426,8 @@ Knobs = make_dataclass("Knobs", [(k, Optional[t], None) for k, t in KNOBS.items(
 
 
 def resolve_hparams(name, **overrides):
-    """ALGOS[name].defaults with the non-None overrides applied; None means the default, so
-    a None for a knob this loss lacks is ignored (a config passes all); others fail."""
+    """ALGOS[name].defaults with the non-None overrides (None: the default; a None for a knob
+    the loss lacks is ignored, a config passes all); unknown or out-of-range ones fail."""
     if name not in ALGOS:
         fams = {"pg": "policy gradient", "pref": "preference", "sft": "baselines"}
         raise ValueError(f"unknown loss {name!r}; valid: " + "; ".join(f"{v}: " + ", ".join(
@@ -460,9 +442,9 @@ def resolve_hparams(name, **overrides):
     if not 0 <= overrides.get("gkd_beta", 0) <= 1:
         raise ValueError(f"gkd_beta must be in [0, 1], got {overrides['gkd_beta']}")
     if overrides.get("clip_c", 2) <= 1:  # c < 1 would raise the objective for A < 0
-        raise ValueError(f"clip_c must be > 1 (dual clip bounds the objective below at "
-                         f"clip_c*A for A < 0; 3 is usual), or unset; got {overrides['clip_c']}")
+        raise ValueError(f"clip_c must be > 1 or unset (dual clip: obj >= clip_c A for A < 0), "
+                         f"got {overrides['clip_c']}")
     return {**DEFAULTS[name], **overrides}
 
 
-LOSSES = {n: partial(loss, n) for n, a in ALGOS.items() if a.family == "pg"}  # any subset of hp
+LOSSES = {n: partial(loss, n) for n, a in ALGOS.items() if a.family == "pg"}

@@ -1,11 +1,11 @@
 """
 The GPT (nanoGPT-style, GPT-2 names), its KV cache, the sampler and the log-probs of samples.
 
-`GPT.forward` returns logits at every position (B, T, V): RL needs each token's log-prob.
-Prompts are left-padded: `offsets` (B,) counts each row's pads, so positions restart at its
-first token and pad keys are masked. `generate` prefills each prompt once and decodes a token
-at a time; rows sharing a prefix share its forward and cache row, and `logprobs` (training)
-runs identical rows once. An optional scalar head is PPO's value head or the reward model's.
+`GPT.forward` returns logits at every position (B, T, V). Prompts are left-padded: `offsets`
+(B,) counts each row's pads, so positions restart at its first token and pad keys are masked.
+`generate` prefills each prompt once; rows sharing a prefix share its forward and cache row,
+and `logprobs` (training) runs identical rows once. The optional scalar head: PPO's values or
+the reward model's score.
 """
 import hashlib
 import math
@@ -52,7 +52,7 @@ class KVCache:
 
 class PrefixKV:
     """Training's cache: each prompt's keys/values, computed once with gradient and expanded
-    to its rows (tensors, not written in place: autograd), so all its rows' gradients reach it."""
+    to its rows (not in place: autograd), so all its rows' gradients reach it."""
 
     def __init__(self):
         self.k, self.v, self.pos = [], [], 0
@@ -207,15 +207,18 @@ def sample_next(logits, temperature, top_k, generator):
 
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.0, top_k=None,
-             generator=None, use_cache=True):
+             generator=None, use_cache=True, tool=None):
     """G responses to each prompt (lists of token ids) -> a dict (N = len(prompts) G,
     P the longest prompt, L the longest response):
       ids            (N, P+L)  left-padded prompt, response, right padding with pad_id
-      response_mask  (N, P+L)  1 on every sampled token up to and including EOS
+      response_mask  (N, P+L)  1 on every response token up to and including EOS
+      action_mask    (N, P+L)  the same less the environment's tokens
       logps          (N, L)    each sampled token's log-prob under the sampling distribution
-                               (temperature 0: greedy, untempered; top-k), 0 off the mask
+                               (temperature 0: greedy, untempered; top-k), 0 off actions
       offsets        (N,)      left-pad count of each row
-      prompt_len     P"""
+      prompt_len     P
+    tool: once a row samples tool.close_id, tool(its response ids) are forced in, a token a
+    step (counted in max_new_tokens), log-prob 0 (nanorl/tools.py)."""
     was_training, device = model.training, next(model.parameters()).device
     model.eval()  # no dropout in rollouts
     B, P = len(prompts), max(len(p) for p in prompts)
@@ -226,39 +229,54 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
                          f"context window (block_size={model.config.block_size})")
     seq = torch.tensor([[pad_id] * (P - len(p)) + p for p in prompts], device=device)  # (B, P)
     offsets = torch.tensor([P - len(p) for p in prompts], device=device)  # (B,)
-    dtype = model.lm_head.weight.dtype
+    dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) \
+        else model.lm_head.weight.dtype  # the dtype keys and values arrive in
     cache = KVCache(model.config, B, P + max_new_tokens, device, dtype) if use_cache else None
     logits = model(seq, offsets, cache)[:, -1]  # (B, V) one prefill per prompt for G rows
     node, node_off = torch.arange(B, device=device).repeat_interleave(G), offsets  # row -> prefix
     seq, offsets = seq.repeat_interleave(G, dim=0), offsets.repeat_interleave(G, dim=0)
     done, toks, logps, masks = torch.zeros(B * G, dtype=torch.bool, device=device), [], [], []
+    queue, acts = {}, []  # row -> the environment's tokens it still has to take
     for t in range(max_new_tokens):
         tok, logp_all = sample_next(logits[node], temperature, top_k, generator)
+        act = ~done  # (N,) the policy's own tokens
+        if queue:  # rows inside a tool's result take its next token, not a sample
+            r = torch.tensor(list(queue), device=device)
+            tok[r], act[r] = torch.tensor([q.pop(0) for q in queue.values()]).to(tok), False
+            queue = {k: q for k, q in queue.items() if q}
         tok = torch.where(done, pad_id, tok)  # (N,)
-        toks.append(tok)
-        masks.append(~done)
-        logps.append(torch.where(done, 0.0, logp_all.gather(1, tok[:, None]).squeeze(1)))
+        toks.append(tok), masks.append(~done), acts.append(act)
+        logps.append(torch.where(act, logp_all.gather(1, tok[:, None]).squeeze(1), 0.0))
+        calls = (act & (tok == tool.close_id)).nonzero()[:, 0].tolist() if tool else []
+        for r, ids in zip(calls, torch.stack(toks, 1)[calls].tolist() if calls else []):
+            queue[r] = tool(ids)  # a call closed: its result comes next
         done = done | (tok == eos_id)
         if bool(done.all()) or t == max_new_tokens - 1:
             break
         if cache is None:
             seq = torch.cat([seq, tok[:, None]], dim=1)
             logits, node = model(seq, offsets)[:, -1], torch.arange(B * G, device=device)
-            continue
-        # rows with equal prefixes (a peaked policy repeats) share a forward and a cache row
-        V = logits.size(-1)
-        key = torch.where(done, -1, node * V + tok)  # (N,) prefix id, finished rows -1
-        uniq, node = torch.unique(key, return_inverse=True)  # sorted: a -1 comes first
-        live = uniq[uniq >= 0]  # (U,) the prefixes the next step extends
-        parent, node = live // V, node - (len(uniq) - len(live))  # finished: -1, unused
-        cache.select(parent)
-        node_off = node_off[parent]
-        logits = model((live % V)[:, None], node_off, cache)[:, -1]  # (U, V)
+        else:
+            logits, node, node_off = extend(model, cache, node, node_off, tok, done)
     model.train(was_training)
-    prompt, mask = seq[:, :P], torch.stack(masks, 1).long()  # (N, P), (N, L)
+    prompt, zeros = seq[:, :P], torch.zeros_like(seq[:, :P])  # (N, P) each
+    mask, act = torch.stack(masks, 1).long(), torch.stack(acts, 1).long()  # (N, L) each
     return dict(ids=torch.cat([prompt, torch.stack(toks, 1)], 1), logps=torch.stack(logps, 1),
-                response_mask=torch.cat([torch.zeros_like(prompt), mask], 1), offsets=offsets,
-                prompt_len=P)
+                response_mask=torch.cat([zeros, mask], 1), offsets=offsets, prompt_len=P,
+                action_mask=torch.cat([zeros, act], 1))
+
+
+def extend(model, cache, node, node_off, tok, done):
+    """A cached decode step; rows with equal prefixes share a forward and a cache row ->
+    (logits (U, V), each row's prefix (N,), the prefixes' offsets (U,))."""
+    V = model.lm_head.out_features
+    key = torch.where(done, -1, node * V + tok)  # (N,) prefix id, finished rows -1
+    uniq, node = torch.unique(key, return_inverse=True)  # sorted: a -1 comes first
+    live = uniq[uniq >= 0]  # (U,) the prefixes the next step extends
+    parent, node = live // V, node - (len(uniq) - len(live))  # finished: -1, unused
+    cache.select(parent)
+    node_off = node_off[parent]
+    return model((live % V)[:, None], node_off, cache)[:, -1], node, node_off
 
 
 def token_logps(logits, labels, mask, temperature=1.0):
@@ -271,9 +289,9 @@ def token_logps(logits, labels, mask, temperature=1.0):
 
 
 def logprobs(model, ids, offsets, mask, temperature=1.0, scalar=False, logits=False, rows=None):
-    """The one route from rows to log-probs -> (logp (N, L) of the response ids[:, P:] under
-    the tempered softmax, 0 off mask (N, L); the scalar head (N, L) if scalar; the tempered
-    logits (N, L, V) if logits), at most `rows` rows a forward (memory)."""
+    """The one route from rows to log-probs -> (logp (N, L) of the response ids[:, P:], tempered,
+    0 off mask (N, L); the scalar head (N, L) if scalar; the tempered logits (N, L, V) if
+    logits), at most `rows` rows a forward (memory)."""
     N, P = ids.size(0), ids.size(1) - mask.size(1)
     if rows and N > rows:
         parts = [logprobs(model, ids[i:i + rows], offsets[i:i + rows], mask[i:i + rows],
@@ -286,10 +304,10 @@ def logprobs(model, ids, offsets, mask, temperature=1.0, scalar=False, logits=Fa
 
 
 def response_forward(model, ids, offsets, P, return_scalar=False):
-    """model(ids, offsets)[:, P-1:-1], the logits scoring each response token (N, L, V) of
-    ids (N, P+L) [and the scalar head (N, L)]. Each distinct row runs once (a peaked policy
-    repeats itself: often 3-6 of 16 differ), each prompt once with its keys and values
-    expanded to its rows (PrefixKV); outputs are indexed back to all rows, so gradients add."""
+    """model(ids, offsets)[:, P-1:-1]: the logits (N, L, V) scoring each response token of ids
+    (N, P+L) [and the scalar head (N, L)]. Each distinct row runs once (a peaked policy repeats
+    itself), each prompt once, its keys and values expanded to its rows (PrefixKV); outputs
+    are indexed back to all rows, so gradients add."""
     rows = torch.cat([offsets[:, None], ids], 1)  # (N, 1+P+L): a row's padding and tokens
     uniq, inv = torch.unique(rows, dim=0, return_inverse=True)  # sorted: a prompt's rows adjacent
     counts = torch.unique_consecutive(uniq[:, :1 + P], dim=0, return_counts=True)[1]  # (n,)

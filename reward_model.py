@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from data.tasks import load_problems
+from data.tasks import TASKS, load_problems
 from model import generate, seeded
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError, run_cli
@@ -115,13 +115,15 @@ def load_pairs(cfg, model, tok, task, reverse, rank, world):
 
 
 def main(cfg):
-    dev, rank, world = start(cfg, positive=("batch_size", "val_interval", "log_interval", "temperature",
-                                            "max_new_tokens", "eval_policy_samples"),
+    dev, rank, world = start(cfg, positive=("batch_size", "val_interval", "log_interval",
+                                            "temperature", "max_new_tokens", "eval_policy_samples"),
                              non_negative=("policy_samples",))
     ckpt = load_checkpoint(cfg.sft_ckpt, hint="make one with: python sft.py configs/mul.py")
     model, tok = model_from_checkpoint(ckpt, cfg.sft_ckpt, scalar_head=True)  # + a fresh head
     model.to(dev)
     task, reverse = ckpt_settings(ckpt, cfg.sft_ckpt, "task", "reverse")
+    if TASKS.get(task, {}).get("tool"):  # the pairs files hold answers, not traces
+        raise UserError(f"a reward model scores direct answers; task {task!r} answers in traces")
     t0 = time.time()
     pairs = load_pairs(cfg, model, tok, task, reverse, rank, world)
     chosen, rejected, kinds = pairs["train"]

@@ -20,14 +20,14 @@ import torch
 
 import losses as L
 from model import generate, logprobs, seeded
-from nanorl import cov, distill, loop, offpolicy, pref, remax, rm, rows
+from nanorl import cliff, cov, distill, loop, offpolicy, pref, remax, rm, rows
 from nanorl.checkpoint import unwrap
 from nanorl.config import UserError, check_bounds, run_cli
-from nanorl.ddp import all_reduce, mean_over_ranks, world_size
+from nanorl.ddp import all_reduce, bf16_default, mean_over_ranks, world_size
 from nanorl.evaluate import Task, evaluate_policy, grade, load_policy, rollout_metrics
 from nanorl.logger import Logger
 from nanorl.rm import RMFlags, RewardModel
-from verify import first_wrong_token, overlong_penalty
+from verify import overlong_penalty
 
 SHOWN = ("loss reward_mean rm_reward accuracy margin pair_accuracy z n_groups zero_std_frac "
          "entropy resp_len logp_mismatch explained_variance old_mu_seq_mean").split()
@@ -40,7 +40,7 @@ class Config(RMFlags, pref.Flags, distill.Flags, offpolicy.Flags, L.Knobs, loop.
     sft_ckpt: str = "out/sft-mul/ckpt.pt"
     prompts_per_step: int = 64
     group_size: int = 16  # G samples per prompt
-    temperature: float = 1.0  # the loss sees the same tempered distribution
+    temperature: float = 1.0  # the sampler's and the loss's
     max_new_tokens: int = 8
     dynamic_sampling: bool = True  # drop groups without signal, refill them
     max_refills: int = 4  # extra rollout rounds per step
@@ -85,13 +85,13 @@ def check(cfg):
 class Rollout:  # N = prompts x G samples, responses aligned at 0
     ids: torch.Tensor  # (N, P+L) left-padded prompt, response, right padding
     offsets: torch.Tensor  # (N,) left-pad count of each row
-    mask: torch.Tensor  # (N, L) 1 on each sampled token, EOS included
+    mask: torch.Tensor  # (N, L) 1 on the policy's tokens (not a tool's), EOS included
     mu: torch.Tensor  # (N, L) the sampler's log-probs
     old: torch.Tensor = None  # (N, L) pi_old: mu unless offpolicy.py recomputes it
     reward: torch.Tensor = None  # (N,) the verifier's or RM's, plus shaping
     correct: torch.Tensor = None  # (N,) the verifier's 0/1
     first_wrong: torch.Tensor = None  # (N,) CLIFF's first wrong token, or -1
-    length: torch.Tensor = None  # (N,) response tokens with EOS
+    length: torch.Tensor = None  # (N,) response tokens with EOS, the environment's too
     finished: torch.Tensor = None  # (N,) ended with EOS
     values: torch.Tensor = None  # (N, L) PPO: V_old
     baseline: torch.Tensor = None  # (N,) ReMax: the greedy answer's reward
@@ -104,40 +104,40 @@ class Run:  # what setup builds once and every step reads
     fwd: torch.nn.Module
     ref: torch.nn.Module  # the frozen reference
     opt: torch.optim.Optimizer
-    task: Task  # tokenizer, verifier, this rank's train rows, val, test
-    prompts: rows.PromptSampler  # epochs over task.train, seeded
-    hp: dict  # the row's hyperparameters (PPO's adaptive KL moves beta)
+    task: Task  # tokenizer, verifier, tool, this rank's train rows, val, test
+    prompts: rows.PromptSampler  # seeded epochs over task.train
+    hp: dict  # the row's hyperparameters (adaptive KL moves beta)
     rm: Optional[RewardModel] = None
     teacher: Optional[torch.nn.Module] = None
     queue: deque = field(default_factory=deque)  # rollouts not trained on yet
     state: loop.State = field(default_factory=loop.State)  # a resume restores it
 
-# ------------------------------------------ rollouts, rewards
+# -------------------- rollouts, rewards
 
 
 def rollout(cfg, row, run, idx, gen, G, temperature):
-    """G graded samples of each train problem in idx -> a Rollout."""
+    """G graded samples of each train problem of idx -> a Rollout."""
     task, tok = run.task, run.task.tok
-    gold = rows.gold_rows(tok, [task.train[i] for i in idx], task.reverse)
+    gold = task.gold_rows([task.train[i] for i in idx])
     n, parts = max(1, cfg.sample_batch_size // G), []  # prompts per sampler call
     for i in range(0, len(gold), n):
-        o = generate(run.model, [p for p, _ in gold[i:i + n]], cfg.max_new_tokens,
-                     tok.eos_id, tok.pad_id, G=G, temperature=temperature, generator=gen)
-        parts.append(Rollout(o["ids"], o["offsets"], o["response_mask"][:, o["prompt_len"]:],
-                             o["logps"]))
+        o = generate(run.model, [g[0] for g in gold[i:i + n]], cfg.max_new_tokens, tok.eos_id,
+                     tok.pad_id, G=G, temperature=temperature, generator=gen, tool=task.tool)
+        P = o["prompt_len"]  # mask: the policy's tokens; length: a tool's too
+        parts.append(Rollout(o["ids"], o["offsets"], o["action_mask"][:, P:], o["logps"],
+                             length=o["response_mask"][:, P:].sum(1).float()))
     b, window, seen, graded = rows.cat(parts), cfg.overlong_window, {}, []
     for r, ids in enumerate(rows.responses(b)):
         key = (r // G, *ids)  # a group's identical samples are graded once
         if key not in seen:
             c = grade(tok, ids, task.train[idx[r // G]][1], task.reverse, task.verifier)
             pen = overlong_penalty(len(ids), cfg.max_new_tokens, window) if window else 0
-            wrong = first_wrong_token(ids, gold[r // G][1])
-            seen[key] = c, c + pen, -1 if wrong is None else wrong, len(ids), \
-                ids[-1:] == [tok.eos_id]
+            wrong = cliff.first_wrong_token(ids, gold[r // G][1])
+            seen[key] = c, c + pen, -1 if wrong is None else wrong, ids[-1:] == [tok.eos_id]
         graded.append(seen[key])
-    b.correct, b.reward, b.first_wrong, b.length, b.finished = (
+    b.correct, b.reward, b.first_wrong, b.finished = (
         torch.tensor(v, device=b.ids.device) for v in zip(*graded))
-    b.old, b.length = b.mu, b.length.float()
+    b.old = b.mu
     return b
 
 
@@ -146,7 +146,7 @@ def collect(cfg, row, run, gen):
     drops groups without signal and refills, up to max_refills more rounds."""
     parts, n_groups, n_sampled, n_flat, G, extra = [], 0, 0, 0, cfg.group_size, {}
     want = cfg.prompts_per_step // world_size()
-    dyn = row.data in ("pairs", "kto") or cfg.dynamic_sampling and row.family == "pg" \
+    dyn = row.data in ("pairs", "labels") or cfg.dynamic_sampling and row.family == "pg" \
         and "teacher" not in row.needs  # online pairs need a right and a wrong answer
     for _ in range(1 + (cfg.max_refills if dyn else 0)):
         idx = run.prompts.take(want - n_groups)
@@ -171,7 +171,7 @@ def collect(cfg, row, run, gen):
     return (rows.cat(parts) if parts else None), stats
 
 
-# ------------------------------------------ advantages
+# -------------------- advantages
 
 
 def advantages(cfg, row, hp, b, ref_lp, teacher_lp):
@@ -185,8 +185,8 @@ def advantages(cfg, row, hp, b, ref_lp, teacher_lp):
         R = L.kl_in_reward(R, b.old, ref_lp, b.mask, hp["beta"]).sum(1)
     if kind == "greedy":
         return R - b.baseline, {}
-    if kind == "cliff":
-        adv = L.cliff_advantages(R.view(-1, G), b.first_wrong.view(-1, G),
+    if kind == "first_wrong":  # CLIFF
+        adv = cliff.cliff_advantages(R.view(-1, G), b.first_wrong.view(-1, G),
                                  b.mask.view(-1, G, b.mask.size(1)))
         return adv.flatten(0, 1), {}  # (N, L)
     inputs = {}
@@ -199,8 +199,8 @@ def advantages(cfg, row, hp, b, ref_lp, teacher_lp):
 
 
 def token_advantages(kind, hp, b, R, ref_lp, G):
-    """GAE (PPO) or the return-to-go (REINFORCE++) of token rewards -beta k1 + R at the
-    end, whitened over all ranks -> ((N, L), inputs)."""
+    """GAE (PPO) or return-to-go (REINFORCE++) of the rewards -beta k1 + R at the end,
+    whitened over all ranks -> ((N, L), inputs)."""
     if kind == "rpp_baseline":  # R minus its group's mean first
         R = L.group_advantages(R.view(-1, G), "mean").flatten()
     rewards = L.kl_in_reward(R, b.old, ref_lp if hp["beta"] else b.old, b.mask, hp["beta"])
@@ -212,7 +212,7 @@ def token_advantages(kind, hp, b, R, ref_lp, G):
     adv = L.whiten(adv, b.mask, s / n, s2 / n - (s / n) ** 2)  # DDP = one process
     return adv, (dict(old_values=v, returns=ret) if gae else {})
 
-# ------------------------------------------ update
+# -------------------- update
 
 
 def forward(model, b, cfg, row, chunk=None):
@@ -225,8 +225,8 @@ def forward(model, b, cfg, row, chunk=None):
 
 
 def update(cfg, row, run, b, adv, inputs, ref_lp, lr, gen):
-    """Exactly ppo_epochs x minibatches optimizer steps. Losses divide by their
-    minibatch's counts over all ranks: micro-batches and ranks add up to it."""
+    """ppo_epochs x minibatches optimizer steps; losses divide by the minibatch's counts
+    over all ranks, so micro-batches and ranks add up."""
     N, G = len(b.ids), cfg.group_size
     micro = max(G, cfg.micro_batch_size // G * G)  # micro-batches of whole groups
     fewest = -int(all_reduce(-N, "max").item())  # rows on the emptiest rank
@@ -269,7 +269,7 @@ def accumulate(cfg, row, run, b, adv, inputs, ref_lp, mb, micro, first):
         loss.backward()
         total += loss.detach()
         if first:  # the entropy, the trainer against mu (ratio 1 at k = 0)
-            d = (lp.detach() - b.mu[ub]).abs()  # (n, L)
+            d = (lp.detach() - b.mu[ub]).abs() * m  # (n, L)
             s.update(logp_mismatch=d.max(), logp_mismatch_mean=L.masked_mean(d, m),
                      entropy=L.masked_mean(L.token_entropy(logits.detach()), m))
         w = (m.sum() / b.mask[mb].sum().clamp_min(1)).item()  # token-weighted means
@@ -278,28 +278,30 @@ def accumulate(cfg, row, run, b, adv, inputs, ref_lp, mb, micro, first):
                 else st.get(k, 0.0) + float(v) * w
     return total, st
 
-# ------------------------------------------ one step
+# -------------------- one step
 
 
 def train_step(cfg, row, run, lr, gen):
-    """One step of any row -> its stats (no update while a queue fills or a rank is empty)."""
+    """One step of any row -> its stats."""
     b, stats, dev = None, {}, next(run.model.parameters()).device
     if row.family == "pg" or not pref.offline(cfg, row):
         t0 = time.time()
         with torch.autocast(dev.type, torch.bfloat16) if cfg.sampler_bf16 else nullcontext():
             b, stats = collect(cfg, row, run, gen)
-        stats["perf/rollout_s"] = dt = time.time() - t0  # this step's, whichever it trains on
+        stats["perf/rollout_s"] = dt = time.time() - t0  # this step's rollout
         stats["perf/rollout_tok_s"] = (b.length.sum().item() if b else 0) / dt
         b = offpolicy.delay(run.queue, b, cfg.staleness) if cfg.staleness else b
         if b is False:  # the queue is filling
             return stats
     if row.family != "pg":
-        return {**stats, **pref.step(cfg, row, run, b, lr), **(rollout_metrics(b) if b else {})}
+        m = rollout_metrics(b, tool=run.task.tool) if b else {}
+        return {**stats, **pref.step(cfg, row, run, b, lr), **m}
     if all_reduce(float(b is None), "max").item():  # on any rank: no update
         return stats
     ref_lp, adv, inputs, pre = prepare(cfg, row, run, b)
     stats.update(pre, **update(cfg, row, run, b, adv, inputs, ref_lp, lr, gen))
-    return {**stats, **rollout_metrics(b, ref_lp, inputs.get("returns"), run.hp.get("beta"))}
+    return {**stats, **rollout_metrics(b, ref_lp, inputs.get("returns"), run.hp.get("beta"),
+                                       run.task.tool)}
 
 
 @torch.no_grad()
@@ -308,7 +310,7 @@ def prepare(cfg, row, run, b):
     chunk, ref_lp, stats = cfg.micro_batch_size, None, {}
     if row.kl and run.hp["beta"]:
         ref_lp = logprobs(run.ref, b.ids, b.offsets, b.mask, cfg.temperature, rows=chunk)[0]
-    if cfg.staleness or cfg.sampler_bf16:
+    if cfg.staleness or cfg.sampler_bf16 or cfg.bf16:  # mu is not the trainer's
         stats = offpolicy.recompute(run.model, b, cfg)
     if "values" in row.needs:  # from the same forward as the update's
         values = forward(unwrap(run.model), b, cfg, row, chunk)[1]
@@ -322,13 +324,13 @@ def prepare(cfg, row, run, b):
         stats.update(st)
     return ref_lp, adv, inputs, stats
 
-# ------------------------------------------ setup, loop
+# -------------------- setup, loop
 
 
 def setup(cfg, row, hp, dev, rank, world):
-    """The policy, its reference and optimizer, this rank's data, an RM, a teacher -> Run."""
+    """The policy, reference, optimizer, this rank's data, an RM, a teacher -> Run."""
     model, task = load_policy(cfg.sft_ckpt, "values" in row.needs, dev)
-    task.check(row.advantage == "cliff", cfg.max_new_tokens, model.config.block_size)
+    task.check(row.advantage == "first_wrong", cfg.max_new_tokens, model.config.block_size)
     task.train = (task.train if row.family == "pg" else pref.data(cfg, row, task))[rank::world]
     select = cfg.prompt_selection and "teacher" not in row.needs and not pref.offline(cfg, row)
     opt = loop.adamw(model, cfg.lr, cfg.weight_decay, hp.get("vf_lr_mult"))
@@ -369,10 +371,10 @@ def step(cfg, row, run, dev, rank):
 def main(cfg):
     cfg, row, hp = check(cfg)
     dev, rank, world = loop.start(cfg)
-    cfg = replace(cfg, bf16=dev.type == "cuda" if cfg.bf16 is None else cfg.bf16)
+    bf16 = dev.type == "cuda" and bf16_default(dev)  # RL on CPU stays fp32
+    cfg = replace(cfg, bf16=bf16 if cfg.bf16 is None else cfg.bf16)
     if cfg.prompts_per_step % world or cfg.pairs_per_step % world:
-        raise UserError(f"prompts_per_step={cfg.prompts_per_step} and pairs_per_step="
-                        f"{cfg.pairs_per_step} must divide by the {world} ranks")
+        raise UserError(f"prompts_per_step and pairs_per_step must divide by the {world} ranks")
     run = setup(cfg, row, hp, dev, rank, world)
     conf = {**asdict(cfg), **run.task.settings(), "ranks": world}
     if cfg.resume:  # weights, optimizer, state, samplers: exactly

@@ -21,6 +21,7 @@ from nanorl.ddp import all_reduce, bf16_default
 from nanorl.evaluate import evaluate, verifier_of
 from nanorl.loop import TrainConfig, start, train
 from nanorl.rows import gold_rows, pack
+from nanorl.tool_task import gold_rows as tool_rows, tool_of
 from tokenizer import get_tokenizer
 
 
@@ -63,15 +64,18 @@ def accumulate_grads(model, x, y, mask, micro_batch_size, bf16=False, n_tok=None
     return total
 
 
-def encode_split(tok, problems, reverse, block_size, loss_on):
+def encode_split(tok, problems, reverse, block_size, loss_on, tool=None):
     """[(prompt, answer)] -> inputs x, targets y (N, T) and the loss mask on y (N, T): 1 on answer +
-    EOS (loss_on="response"; EOS is a target: stopping gets a gradient) or on every token."""
-    rows = gold_rows(tok, problems, reverse)  # [(prompt ids, answer ids + EOS)]
-    for i, (p, r) in enumerate(rows):
+    EOS (loss_on="response"; EOS is a target: stopping gets a gradient) or on every token; 0 on
+    a tool's results (the environment writes them: nanorl/tool_task.py)."""
+    rows = tool_rows(tok, problems, reverse, tool) if tool else gold_rows(tok, problems, reverse)
+    for i, (p, r, *_) in enumerate(rows):
         if len(p) + len(r) > block_size:
             raise UserError(f"problem {i + 1} ({''.join(problems[i])}) is {len(p) + len(r)} tokens "
                             f"with EOS; block_size={block_size} does not fit it")
-    ids, mask = pack(rows if loss_on == "response" else [([], p + r) for p, r in rows], tok.pad_id)
+    if loss_on == "all":
+        rows = [([], p + r, [1] * len(p) + (m[0] if m else [1] * len(r))) for p, r, *m in rows]
+    ids, mask = pack(rows, tok.pad_id)
     return ids[:, :-1], ids[:, 1:], mask[:, 1:]
 
 
@@ -103,12 +107,16 @@ def main(cfg):
         raise UserError(f"task {cfg.task!r} is asked in words: it needs a BPE tokenizer "
                         "(--tokenizer=gpt2)")
     verifier = verifier_of(cfg.verifier)
+    if TASKS.get(cfg.task, {}).get("tool") and cfg.verifier != "tool":
+        raise UserError(f"task {cfg.task!r} answers after its tool calls: it needs --verifier=tool")
     data = {s: load_split(cfg.task, s) for s in ("train", "val", "test")}  # generated on first use
     tok = get_tokenizer(cfg.tokenizer, task_alphabet(cfg.task, sum(data.values(), [])))
     if cfg.n_train > len(data["train"]):
-        raise UserError(f"n_train={cfg.n_train} but the train split holds {len(data['train'])} problems")
+        raise UserError(f"n_train={cfg.n_train} but the train split holds {len(data['train'])} "
+                        "problems")
     data["train"] = labelled(data["train"], cfg.n_train)  # rl.py's --loss=sft reads n_train too
-    rows = encode_split(tok, data["train"], cfg.reverse, cfg.block_size, cfg.loss_on)
+    tool = tool_of(cfg.task, tok, cfg.reverse)  # None, or the environment the sampler runs
+    rows = encode_split(tok, data["train"], cfg.reverse, cfg.block_size, cfg.loss_on, tool)
     x, y, mask = (t.to(dev) for t in rows)  # (N, T) inputs, targets, loss mask
     model = build_model(cfg, tok).to(dev)
     fwd = torch.compile(model) if cfg.compile else model
@@ -132,7 +140,7 @@ def main(cfg):
                                n_samples=cfg.eval_samples if test else 0,
                                temperature=cfg.eval_temperature, verifier=verifier,
                                generator=seeded(dev, "eval", cfg.seed, step),
-                               prefix="eval" if test else "val")
+                               prefix="eval" if test else "val", tool=tool)
         return {**m, "eval/examples": examples} if test else m
 
     train(cfg, model, tok, asdict(cfg), train_step, run_eval, rank, "val/accuracy")

@@ -47,7 +47,7 @@ class BPETokenizer:
 
     def __init__(self, encoding):
         self.enc, self.vocab_size = encoding, encoding.n_vocab
-        self.eos_id = self.pad_id = encoding.eot_token  # "<|endoftext|>" in the GPT-2 encoding
+        self.eos_id = self.pad_id = encoding.eot_token  # GPT-2's "<|endoftext|>"
         specials = {encoding.encode_single_token(s) for s in encoding.special_tokens_set}
         self.special_ids = specials | {self.eos_id}
 
@@ -98,7 +98,7 @@ def get_bpe(name):
 
 
 def get_tokenizer(name, chars):
-    """"char": one id per character of `chars`; any other name is a tiktoken encoding ("gpt2")."""
+    """"char": one id per character of `chars`; else a tiktoken encoding ("gpt2")."""
     return CharTokenizer(chars) if name == "char" else get_bpe(name)
 
 

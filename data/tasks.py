@@ -1,11 +1,10 @@
-"""Arithmetic tasks, generated in code (seeded) as plain text files, and the loaders for them.
+"""Arithmetic tasks, generated in code (seeded) as plain text files, and their loaders.
 
-    python -m data.tasks --task=mul  # data/mul/{train,val,test}.txt, pairs_*.jsonl, kto_*.jsonl
+    python -m data.tasks --task=mul  # data/mul/{train,val,test}.txt
 
-<split>.txt: one `a*b=c` per line, normal digit order; splits are disjoint by unordered operand
-pair (23*47 goes with 47*23); tune on val, report test. pairs_*.jsonl: {"prompt", "chosen",
-"rejected", "kind"}; kto_*.jsonl: {"prompt", "completion", "label"}, label true = desirable.
-Your own task: a folder of {train,val,test}.txt, one `prompt=answer` per line (docs/guides.md).
+One `a*b=c` per line, normal digit order; splits are disjoint by unordered operand pair
+(23*47 goes with 47*23): tune on val, report test. Your own task: a folder of the three
+files, one `prompt=answer` a line (docs/guides.md). Preference files: nanorl/pref.py.
 """
 import json
 import os
@@ -15,12 +14,15 @@ import sys
 from pathlib import Path
 
 DATA_DIR = Path(__file__).resolve().parent
-ALPHABET = "0123456789+*=-"  # the char tokenizer's alphabet, shared by every arithmetic task
+ALPHABET = "0123456789+*=-"  # the char tokenizer's, shared by every arithmetic task
 TASKS = {  # name -> operator, operand range (inclusive), max unordered pairs, extra train lo
     "mul": dict(op="*", lo=10, hi=99, max_pairs=None, aux_lo=0),  # 2-digit x 2-digit: all 4,095
     "add": dict(op="+", lo=100, hi=999, max_pairs=20000, aux_lo=None),  # 3+3 digits: a subset
     "mul_text": dict(op="*", lo=10, hi=99, max_pairs=None, aux_lo=0, text=True),  # mul, in words
+    "mul3": dict(op="*", lo=100, hi=999, max_pairs=5000, aux_lo=None),  # 3 x 3 digits: a subset
+    "mul3_tool": dict(op="*", lo=100, hi=999, max_pairs=5000, aux_lo=None, tool=True),
 }
+TOOL_TOKENS = "[]{}?"  # call, end; result, end; error (nanorl/tools.py)
 SPLITS = {"train": 0.85, "val": 0.05, "test": 0.1}
 DATA_SEED = 1337
 TEXT_OPS = {"*": "times", "+": "plus"}  # text_prompt's words
@@ -45,7 +47,7 @@ def format_answer(answer, reverse):
     return answer[::-1] if reverse else answer
 
 
-parse_answer = format_answer  # what the model wrote -> normal order: reversing is its own inverse
+parse_answer = format_answer  # what the model wrote -> normal order: its own inverse
 
 
 def split_pairs(task, seed=DATA_SEED):
@@ -103,15 +105,16 @@ def ensure_data(task, data_dir=DATA_DIR, seed=DATA_SEED):
 
 
 def labelled(problems, n):
-    """The first n problems of a seeded shuffle (a smaller n keeps a subset of a larger); 0 = all."""
+    """The first n problems of a seeded shuffle (a smaller n: a subset of a larger); 0 = all."""
     order = random.Random(DATA_SEED + 2).sample(range(len(problems)), len(problems))
     return [problems[i] for i in order[:n]] if n else problems
 
 
 def task_alphabet(task, problems):
-    """The char tokenizer's alphabet: ALPHABET, plus for your own task every other character of its
-    problems, sorted (the same files always give the same ids)."""
-    text = "" if task in TASKS else "".join(p + a for p, a in problems)
+    """ALPHABET, plus a tool task's TOOL_TOKENS or your own task's other characters, sorted
+    (the same files always give the same ids)."""
+    text = "".join(p + a for p, a in problems) if task not in TASKS else \
+        TOOL_TOKENS if TASKS[task].get("tool") else ""
     return ALPHABET + "".join(sorted(set(text) - set(ALPHABET)))
 
 
@@ -146,7 +149,7 @@ def load_problems(path, alphabet=ALPHABET):
 
 
 def load_split(task, split):
-    """[(prompt, answer)] of a split (generated on first use); your own task's, any characters."""
+    """[(prompt, answer)] of a split (generated on first use)."""
     path = ensure_data(task) / f"{split}.txt"
     problems = load_problems(path, ALPHABET if task in TASKS else None)
     if TASKS.get(task, {}).get("text"):

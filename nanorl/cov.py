@@ -22,7 +22,8 @@ def cov_select(logp, old_logp, adv, mask, generator=None, *, kind, **hp):
     else:
         ratio = torch.exp(logp - torch.where(m, old_logp, 0.0))  # (B, T)
         _, low, high = L.clip_objective(ratio, adv, hp["eps_low"], hp["eps_high"])
-        ok = (m & ~low & ~high & (cov > hp["cov_lb"]) & (cov < hp["cov_ub"])).flatten().nonzero()[:, 0]
+        ok = m & ~low & ~high & (cov > hp["cov_lb"]) & (cov < hp["cov_ub"])  # (B, T)
+        ok = ok.flatten().nonzero()[:, 0]
         top = ok[torch.randperm(len(ok), generator=generator, device=ok.device)[:n]]
     sel = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
     return sel.index_fill_(0, top, True).view(m.shape)
@@ -34,5 +35,6 @@ def select(model, b, mb, adv, hp, cfg, rows, gen, moved):
     old = now = b.old[mb]  # (len(mb), L)
     if moved:
         with torch.no_grad():
-            now = logprobs(model, b.ids[mb], b.offsets[mb], b.mask[mb], cfg.temperature, rows=rows)[0]
+            now = logprobs(model, b.ids[mb], b.offsets[mb], b.mask[mb], cfg.temperature,
+                           rows=rows)[0]
     return cov_select(now, old, adv[mb], b.mask[mb], gen, kind=cfg.loss, **hp)

@@ -6,11 +6,13 @@ from dataclasses import dataclass, field
 import torch
 
 import losses as L
-from data.tasks import load_split, parse_answer
+from data.tasks import format_prompt, load_split, parse_answer
 from model import generate, logprobs
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError
-from nanorl.rows import encode_prompts, responses
+from nanorl import tools
+from nanorl.rows import encode_prompts, gold_rows, responses
+from nanorl.tool_task import gold_rows as tool_rows, tool_of
 from tokenizer import CharTokenizer
 from verify import VERIFIERS, exact_answer
 
@@ -26,19 +28,27 @@ class Task:
     train: list = field(default_factory=list)  # [(prompt, answer)], or the rows a loss reads
     val: list = field(default_factory=list)
     test: list = field(default_factory=list)
+    tool: object = None  # the environment model.generate runs (nanorl/tools.py), or None
 
     @classmethod
     def of(cls, ckpt, path, tok):
         """The checkpoint's task (its own settings, never a reader's defaults), splits loaded."""
         name, reverse, vname = ckpt_settings(ckpt, path, "task", "reverse", "verifier")
         verifier_of(vname)
-        task = cls(tok, name, reverse, vname, ckpt["config"].get("n_train", 0))
+        task = cls(tok, name, reverse, vname, ckpt["config"].get("n_train", 0),
+                   tool=tool_of(name, tok, reverse))
         task.train, task.val, task.test = (load_split(name, s) for s in ("train", "val", "test"))
         return task
 
     @property
     def verifier(self):
         return VERIFIERS[self.verifier_name]
+
+    def gold_rows(self, problems):
+        """[(prompt ids, gold answer ids + EOS[, its action mask])]: a tool task's are traces."""
+        if self.tool:
+            return tool_rows(self.tok, problems, self.reverse, self.tool)
+        return gold_rows(self.tok, problems, self.reverse)
 
     def settings(self):
         return {"task": self.name, "reverse": self.reverse, "verifier": self.verifier_name,
@@ -79,23 +89,31 @@ def pass_k_name(n_samples, k=8):
 
 @torch.no_grad()
 def evaluate(model, tok, problems, reverse, max_new_tokens, n_samples=0, temperature=1.0, k=8,
-             batch_size=256, generator=None, prefix="eval", n_show=3, verifier=exact_answer):
+             batch_size=256, generator=None, prefix="eval", n_show=3, verifier=exact_answer,
+             tool=None):
     """Greedy accuracy on problems [(prompt, answer)] under `verifier`; with n_samples > 0 also
     pass@1 and pass@k (n_samples per problem at `temperature`; pass@n_samples when fewer than k),
-    batch_size rows per sampler call at most. Returns (metrics, a few examples)."""
+    batch_size rows per sampler call at most; with a tool, the greedy answers' tool use. Returns
+    (metrics, a few examples)."""
     n, prompts = len(problems), encode_prompts(tok, [p for p, _ in problems], reverse)
+    counts = torch.zeros(5)  # the greedy answers' tools.counts
 
     def sample(G, temp):  # [(reward, completion)] of G samples per problem, problem-major
         scored, step = [], max(1, batch_size // G)  # prompts per call: at most batch_size rows
         for i in range(0, n, step):
             out = generate(model, prompts[i:i + step], max_new_tokens, tok.eos_id, tok.pad_id, G=G,
-                           temperature=temp, generator=generator)
+                           temperature=temp, generator=generator, tool=tool)
             gold = [a for _, a in problems[i:i + step] for _ in range(G)]
-            scored += score_samples(tok, out, gold, reverse, verifier)
+            scored += score_samples(tok, out, gold, reverse, verifier, tool)
+            if tool and temp == 0:
+                P = out["prompt_len"]
+                counts.add_(tools.counts(out["ids"][:, P:], out["action_mask"][:, P:],
+                                         out["response_mask"][:, P:].sum(1), tool))
         return scored
 
     greedy = sample(1, 0)
-    metrics = {f"{prefix}/accuracy": sum(r for r, _ in greedy) / n, f"{prefix}/n": n}
+    metrics = {f"{prefix}/accuracy": sum(r for r, _ in greedy) / n, f"{prefix}/n": n,
+               **(tools.metrics(counts, prefix) if tool else {})}
     examples = [{"prompt": p, "completion": text, "reward": r}
                 for (p, _), (r, text) in zip(problems[:n_show], greedy)]
     if n_samples > 0:
@@ -107,9 +125,11 @@ def evaluate(model, tok, problems, reverse, max_new_tokens, n_samples=0, tempera
     return metrics, examples
 
 
-def score_samples(tok, out, gold, reverse, verifier=exact_answer):
-    """[(reward, completion in normal order)] for each row of a `generate` result."""
-    return [(grade(tok, ids, g, reverse, verifier), parse_answer(tok.decode(ids), reverse))
+def score_samples(tok, out, gold, reverse, verifier=exact_answer, tool=None):
+    """[(reward, completion in normal order)] for each row of a `generate` result; a tool
+    trace's numbers are each turned back (format_prompt)."""
+    show = format_prompt if tool else parse_answer
+    return [(grade(tok, ids, g, reverse, verifier), show(tok.decode(ids), reverse))
             for ids, g in zip(responses(out), gold)]
 
 
@@ -129,35 +149,36 @@ def verifier_of(name):
 
 
 @torch.no_grad()
-def eval_kl(model, ref, tok, problems, reverse, cfg, gen, n=256):
-    """KL(policy || ref) (k3, mean over answer tokens) on 4 fresh samples for n test prompts,
-    and on those samples the mean response length (tokens incl. EOS) and the truncated share."""
+def eval_kl(model, ref, task, cfg, gen, n=256):
+    """KL(policy || ref) (k3, mean over the policy's tokens) on 4 fresh samples for n test
+    prompts; on those samples the mean response length (the policy's tokens, EOS included)
+    and the truncated share."""
+    tok, problems = task.tok, task.test
     idx = torch.randperm(len(problems), generator=gen, device=gen.device)[:n].tolist()
-    prompts = encode_prompts(tok, [problems[i][0] for i in idx], reverse)
-    k, kl, lengths, finished = max(1, cfg.sample_batch_size // 4), 0.0, [], []
+    prompts = encode_prompts(tok, [problems[i][0] for i in idx], task.reverse)
+    k, kl, n_act, finished = max(1, cfg.sample_batch_size // 4), 0.0, 0, []
     for i in range(0, len(prompts), k):  # k prompts x 4 samples at a time: memory
         out = generate(model, prompts[i:i + k], cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=4,
-                       temperature=cfg.temperature, generator=gen)
-        mask = out["response_mask"][:, out["prompt_len"]:]  # (n, L)
+                       temperature=cfg.temperature, generator=gen, tool=task.tool)
+        mask = out["action_mask"][:, out["prompt_len"]:]  # (n, L)
         ref_lp = logprobs(ref, out["ids"], out["offsets"], mask, cfg.temperature)[0]
         kl += L.masked_sum(L.kl_estimate(out["logps"], ref_lp, "k3"), mask).item()
-        resp = responses(out)
-        lengths += [len(r) for r in resp]
-        finished += [r[-1:] == [tok.eos_id] for r in resp]
-    return {"eval/kl": kl / max(1, sum(lengths)), "eval/resp_len": sum(lengths) / len(lengths),
+        n_act += mask.sum().item()
+        finished += [r[-1:] == [tok.eos_id] for r in responses(out)]
+    return {"eval/kl": kl / max(1, n_act), "eval/resp_len": n_act / len(finished),
             "eval/truncated_frac": 1 - sum(finished) / len(finished)}
 
 
 def evaluate_policy(model, ref, task, cfg, gen):
     """Greedy accuracy on test and val, pass@1 / pass@k on eval_samples samples, KL to the
     reference -> (metrics, a few examples)."""
-    kw = dict(verifier=task.verifier, batch_size=cfg.sample_batch_size)
+    kw = dict(verifier=task.verifier, batch_size=cfg.sample_batch_size, tool=task.tool)
     m, examples = evaluate(model, task.tok, task.test, task.reverse, cfg.max_new_tokens,
                            n_samples=cfg.eval_samples, temperature=cfg.temperature,
                            generator=gen, **kw)
     m.update(evaluate(model, task.tok, task.val, task.reverse, cfg.max_new_tokens,
                       prefix="val", **kw)[0])
-    return {**m, **eval_kl(model, ref, task.tok, task.test, task.reverse, cfg, gen)}, examples
+    return {**m, **eval_kl(model, ref, task, cfg, gen)}, examples
 
 
 def explained_variance(values, returns, mask):
@@ -165,12 +186,12 @@ def explained_variance(values, returns, mask):
     return 1 - L.masked_var(returns - values, mask) / L.masked_var(returns, mask).clamp_min(1e-8)
 
 
-def rollout_metrics(b, ref_lp=None, returns=None, beta=None):
-    """A rollout's rl/ diagnostics: reward, accuracy, lengths; the KL to the reference when it
-    ran; PPO's value fit (returns given); the RM's score beside the verifier's accuracy."""
+def rollout_metrics(b, ref_lp=None, returns=None, beta=None, tool=None):
+    """A rollout's rl/ diagnostics: reward, accuracy, lengths (the policy's tokens), tool use;
+    the KL to the reference when it ran; PPO's value fit (returns given); the RM's score."""
     m = b.mask
     out = {"rl/reward_mean": b.reward.mean().item(), "rl/accuracy": b.correct.mean().item(),
-           "rl/resp_len": b.length.mean().item(),
+           "rl/resp_len": m.sum(1).float().mean().item(),
            "rl/empty_frac": (b.length <= 1).float().mean().item(),
            "rl/truncated_frac": 1 - b.finished.float().mean().item()}
     if ref_lp is not None:
@@ -180,6 +201,8 @@ def rollout_metrics(b, ref_lp=None, returns=None, beta=None):
         out.update({"rl/explained_variance": explained_variance(b.values, returns, m).item(),
                     "rl/beta": beta, "rl/values_mean": L.masked_mean(b.values, m).item(),
                     "rl/returns_mean": L.masked_mean(returns, m).item(), "rl/kl_k1": k1})
+    if tool:
+        out.update(tools.metrics(tools.counts(b.ids[:, -m.size(1):], m, b.length, tool), "rl"))
     if b.rm_reward is not None:
         out["rl/rm_reward"] = b.rm_reward.mean().item()
     return out

@@ -160,7 +160,8 @@ def finish(logger):
 def summary(state, metric, pk, seconds, out_dir):
     """The run's last line: the held-out metric at the start and at the end."""
     m0, m = state.first_eval, state.last_eval
-    line = f"{metric} {m0[metric]:.4f} -> {m[metric]:.4f} ({100 * (m[metric] - m0[metric]):+.1f} points)"
+    gain = 100 * (m[metric] - m0[metric])
+    line = f"{metric} {m0[metric]:.4f} -> {m[metric]:.4f} ({gain:+.1f} points)"
     if pk in m0:
         line += f", {pk} {m0[pk]:.4f} -> {m[pk]:.4f}"
     print(f"held-out {line} in {fmt_time(seconds)}; checkpoint {out_dir}/ckpt.pt", flush=True)

@@ -20,14 +20,14 @@ import random
 import torch
 import torch.nn.functional as F
 
-from data.tasks import (ALPHABET, DATA_DIR, DATA_SEED, TASKS, DataError, check_chars, compute, ensure_data,
-                        labelled, problems_of, read_lines, split_pairs, write)
+from data.tasks import (ALPHABET, DATA_DIR, DATA_SEED, TASKS, DataError, check_chars, compute,
+                        ensure_data, labelled, problems_of, read_lines, split_pairs, write)
 from model import logprobs
 from nanorl.checkpoint import unwrap
 from nanorl.config import UserError
 from nanorl.ddp import all_reduce, world_size
 from nanorl import loop
-from nanorl.rows import gold_rows, record_rows, responses
+from nanorl.rows import record_rows, responses
 
 
 @dataclass
@@ -210,7 +210,11 @@ def data(cfg, row, task):
     if row.data == "gold":
         return labelled(task.train, task.n_train)
     if offline(cfg, row):
-        return load_records(ensure_pairs(task.name) / f"{row.data}_train.jsonl", row.data)
+        if task.tool:
+            raise UserError(f"{task.name}'s answers are tool traces, its pairs files have none: "
+                            "use --pairs=online")
+        kind = "kto" if row.data == "labels" else "pairs"  # the files: pairs_*, kto_*.jsonl
+        return load_records(ensure_pairs(task.name) / f"{kind}_train.jsonl", kind)
     return task.train
 
 
@@ -220,9 +224,9 @@ def step(cfg, row, run, b, lr):
     has no rows)."""
     task = run.task
     if b is None:
-        n = cfg.pairs_per_step // world_size() * (2 if row.data == "kto" else 1)
+        n = cfg.pairs_per_step // world_size() * (2 if row.data == "labels" else 1)
         items = [task.train[i] for i in run.prompts.take(n)]
-        rows, labels = (gold_rows(task.tok, items, task.reverse), None) if row.data == "gold" \
+        rows, labels = (task.gold_rows(items), None) if row.data == "gold" \
             else record_rows(task.tok, items, task.reverse)
     else:
         rows, labels = rollout_rows(b, row, cfg.group_size)
@@ -244,20 +248,21 @@ def rollout_rows(b, row, G):
         first = torch.arange(correct.size(0)) * G  # (groups,) each group's first row
         picked = (first + correct.argmax(1)).tolist() + (first + correct.argmin(1)).tolist()
     resp, P = responses(b), b.ids.size(1) - b.mask.size(1)
-    rows = [(b.ids[r, int(b.offsets[r]):P].tolist(), resp[r]) for r in picked]
+    rows = [(b.ids[r, int(b.offsets[r]):P].tolist(), resp[r], b.mask[r, :len(resp[r])].tolist())
+            for r in picked]  # (prompt, response, its action mask)
     return rows, (None if row.data == "samples" else torch.arange(len(rows)) < len(rows) // 2)
 
 
 def pack_left(rows, pad_id):
-    """[(prompt ids, answer ids)] -> ids (N, P+L) with left-padded prompts, their offsets (N,)
-    and the answer mask (N, L): the rows as the sampler lays them out."""
-    P, T = max(len(p) for p, _ in rows), max(len(r) for _, r in rows)
+    """[(prompt ids, answer ids[, its action mask])] -> ids (N, P+L), prompts left-padded, their
+    offsets (N,) and the action mask (N, L): the rows as the sampler lays them out."""
+    P, T = max(len(p) for p, *_ in rows), max(len(r) for _, r, *_ in rows)
     ids = torch.full((len(rows), P + T), pad_id, dtype=torch.long)  # (N, P+L)
     mask = torch.zeros(len(rows), T, dtype=torch.long)  # (N, L)
-    for i, (p, r) in enumerate(rows):
+    for i, (p, r, *m) in enumerate(rows):
         ids[i, P - len(p):P + len(r)] = torch.tensor(p + r)
-        mask[i, :len(r)] = 1
-    return ids, torch.tensor([P - len(p) for p, _ in rows]), mask
+        mask[i, :len(r)] = torch.tensor(m[0] if m else [1] * len(r))
+    return ids, torch.tensor([P - len(p) for p, *_ in rows]), mask
 
 
 def row_logps(model, rows, pad_id):
@@ -285,13 +290,13 @@ def rows_loss(model, ref, pad_id, rows, labels, row, hp):
     with_ref = "ref" in row.needs  # simpo, orpo: reference-free, no reference forward
     with torch.no_grad():
         ref_lp = seq_logps(ref, rows, pad_id) if with_ref else None  # (N,)
-        if row.data == "kto":
-            mismatched = [(p, rows[(i + 1) % len(rows)][1]) for i, (p, _) in enumerate(rows)]
+        if row.data == "labels":
+            mismatched = [(p, *rows[(i + 1) % len(rows)][1:]) for i, (p, *_) in enumerate(rows)]
             mis = seq_logps(model, mismatched, pad_id), seq_logps(ref, mismatched, pad_id)
     pi = seq_logps(model, rows, pad_id)  # (N,)
-    length = torch.tensor([float(len(r)) for _, r in rows], device=pi.device)  # (N,) |y|
+    length = pack_left(rows, pad_id)[2].sum(1).float().to(pi.device)  # (N,) |y|: its actions
     n = len(rows) // 2
-    if row.data == "kto":
+    if row.data == "labels":
         loss, st = row.objective(pi, ref_lp, labels.to(pi.device), *mis, length=length, **hp)
     elif with_ref:
         loss, st = row.objective(pi[:n], pi[n:], ref_lp[:n], ref_lp[n:], chosen_len=length[:n],

@@ -44,8 +44,9 @@ def check(cfg, row):
 
 
 class RewardModel:
-    """A frozen reward model scoring rollouts (rm_scores, with the lik_coef it was trained with), and
-    the running mean and std of every score so far (parallel-variance update) that normalise them."""
+    """A frozen reward model scoring rollouts (rm_scores, with the lik_coef it was trained
+    with), and the running mean and std of every score so far (parallel-variance update) that
+    normalise them."""
 
     def __init__(self, model, lik_coef):
         self.model, self.lik_coef = model.eval().requires_grad_(False), lik_coef
@@ -55,7 +56,8 @@ class RewardModel:
     def load(cls, path, tok, dev):
         ckpt = load_checkpoint(path, hint="make one with: python reward_model.py configs/mul_rm.py")
         if not ckpt["model_args"].get("scalar_head"):
-            raise UserError(f"{path}: not a reward model (no scalar head); make one with reward_model.py")
+            raise UserError(f"{path}: not a reward model (no scalar head); make one with "
+                            "reward_model.py")
         model, rm_tok = model_from_checkpoint(ckpt, path)
         if rm_tok.to_dict() != tok.to_dict():
             raise UserError(f"{path}: the reward model's tokenizer differs from the policy's")

@@ -19,12 +19,13 @@ def gold_rows(tok, problems, reverse):
 
 
 def responses(out):
-    """The sampled token ids of each row, EOS included, padding cut, of a `generate` result or
-    a Rollout (its ids (N, P+L) and response mask (N, L))."""
-    ids, mask = (out["ids"], out["response_mask"][:, out["prompt_len"]:]) if isinstance(out, dict) \
-        else (out.ids, out.mask)
-    P = ids.size(1) - mask.size(1)
-    return [r[P:P + n] for r, n in zip(ids.tolist(), mask.sum(1).tolist())]
+    """The response ids of each row (the environment's too, EOS included, padding cut) of a
+    `generate` result or of a Rollout (ids (N, P+L), lengths (N,))."""
+    if isinstance(out, dict):
+        ids, P, n = out["ids"], out["prompt_len"], out["response_mask"].sum(1)
+    else:
+        ids, P, n = out.ids, out.ids.size(1) - out.mask.size(1), out.length
+    return [r[P:P + int(k)] for r, k in zip(ids.tolist(), n.tolist())]
 
 
 def record_rows(tok, recs, reverse):
@@ -38,14 +39,14 @@ def record_rows(tok, recs, reverse):
 
 
 def pack(rows, pad_id):
-    """[(prompt ids, response ids)] -> ids (N, T) right-padded, each row from position 0 as in SFT,
-    and the response mask (N, T), 1 on the response tokens."""
-    T = max(len(p) + len(r) for p, r in rows)
+    """[(prompt ids, response ids[, its action mask])] -> ids (N, T) right-padded, each row from
+    position 0 as in SFT, and the mask (N, T): 1 on the response tokens the policy writes."""
+    T = max(len(p) + len(r) for p, r, *_ in rows)
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)  # (N, T)
     mask = torch.zeros(len(rows), T, dtype=torch.long)  # (N, T)
-    for i, (p, r) in enumerate(rows):
+    for i, (p, r, *m) in enumerate(rows):
         ids[i, :len(p) + len(r)] = torch.tensor(p + r)
-        mask[i, len(p):len(p) + len(r)] = 1
+        mask[i, len(p):len(p) + len(r)] = torch.tensor(m[0] if m else [1] * len(r))
     return ids, mask
 
 

@@ -5,13 +5,14 @@ import pytest
 import torch
 
 from losses import (ALGOS, DEFAULTS, LOSSES, adaptive_beta, clip_objective,
-                    cliff_advantages, gae, group_advantages, kl_estimate,
+                    gae, group_advantages, kl_estimate,
                     kl_in_reward, masked_mean, masked_sum, prefix_prob, resolve_hparams,
                     token_entropy, whiten)
 from model import token_logps
 from nanorl.evaluate import explained_variance
 from nanorl.pref import log1mexp, nll_loss
 from nanorl.rm import bt_loss
+from nanorl.cliff import cliff_advantages
 from nanorl.cov import cov_select
 
 # the reference batch: two right-padded responses of lengths 3 and 2

@@ -367,3 +367,36 @@ def test_offpolicy_bench_refuses_bad_grids(kw, msg):
     from bench import offpolicy
     with pytest.raises(UserError, match=msg):
         offpolicy.main(offpolicy.Config(**kw))
+
+
+def test_stale_batch_at_a_temperature_recomputes_pi_old_at_it():
+    """Sampled at temperature 0.7 by the model itself, then trained with --staleness=1: pi_old,
+    recomputed at 0.7, equals mu (no gap, every ratio 1); at temperature 1 it would not."""
+    model, batch = tiny_batch(temperature=0.7)
+    _, stats = one_update("grpo", model, batch, staleness=1, temperature=0.7)
+    assert stats["rl/old_mu_seq_max"] < 1e-5 and stats["rl/logp_mismatch"] < 1e-5
+    assert stats["rl/ratio_max"] == pytest.approx(1, abs=1e-5)
+
+
+def test_logp_mismatch_reads_only_the_policys_tokens():
+    """mu holding junk off the action mask (padding: another sampler may leave anything there)
+    moves neither the logged trainer-sampler gap nor the update."""
+    model, batch = tiny_batch()
+    junk = torch.where(batch.mask.bool(), batch.mu, 5.0)  # (N, L)
+    assert (batch.mask == 0).any()
+    _, want = one_update("grpo", model, batch)
+    _, stats = one_update("grpo", model, replace(batch, mu=junk, old=junk))
+    assert stats["rl/logp_mismatch"] < 1e-5 and stats["rl/logp_mismatch_mean"] < 1e-6
+    assert stats["rl/grad_norm"] == pytest.approx(want["rl/grad_norm"], rel=1e-6)
+
+
+def test_a_bf16_run_trains_from_the_trainers_pi_old():
+    """--bf16 (CUDA's default): the sampler's bf16 numerics (KV cache, one token a step) differ
+    from the trainer's, so pi_old is recomputed and the first ratio is exactly 1."""
+    model, batch = tiny_batch()
+    batch.mu = batch.old = batch.mu - 0.01 * (batch.mask > 0)  # the sampler's bf16 gap
+    with torch.autocast("cpu", torch.bfloat16):
+        _, stats = one_update("grpo", model, batch, bf16=True, beta=0.0)
+    assert stats["rl/old_mu_seq_mean"] > 0.01 and stats["rl/ratio_max"] == 1.0
+    _, plain = one_update("grpo", model, batch, bf16=False, beta=0.0)
+    assert "rl/old_mu_seq_mean" not in plain and plain["rl/ratio_mean"] > 1.005  # e^0.01

@@ -194,8 +194,9 @@ def test_sft_baseline_reads_only_the_checkpoints_labelled_problems(sft_ckpt, tmp
     model, tok = model_from_checkpoint(ckpt, sft_ckpt)
     scarce = str(tmp_path / "scarce.pt")
     save_checkpoint(scarce, model, config={**ckpt["config"], "n_train": 12}, tokenizer=tok)
-    seen, gold_rows = [], rl.pref.gold_rows
-    monkeypatch.setattr(rl.pref, "gold_rows", lambda tok, items, rev: seen.extend(items) or
+    import nanorl.evaluate as E
+    seen, gold_rows = [], E.gold_rows  # Task.gold_rows'
+    monkeypatch.setattr(E, "gold_rows", lambda tok, items, rev: seen.extend(items) or
                         gold_rows(tok, items, rev))
     run(scarce, tmp_path / "sft", loss="sft", pairs_per_step=8, max_iters=3, eval_interval=3, eval_samples=0)
     train = load_split("mul", "train")
@@ -393,7 +394,7 @@ def test_a_special_token_inside_a_response_earns_nothing(monkeypatch):
         p = prompts[0]
         ids = torch.tensor([p + rows[0] + [pad_id], p + rows[1]])  # right padding after the first EOS
         mask = torch.tensor([[0] * len(p) + [1] * len(r) + [0] * (6 - len(r)) for r in rows])
-        return {"ids": ids, "response_mask": mask, "logps": torch.zeros(2, 6),
+        return {"ids": ids, "response_mask": mask, "action_mask": mask, "logps": torch.zeros(2, 6),
                 "offsets": torch.zeros(2, dtype=torch.long), "prompt_len": len(p)}
 
     monkeypatch.setattr(rl, "generate", fake_generate)
@@ -413,8 +414,9 @@ def test_the_same_response_under_two_prompts_gets_each_prompts_grade(monkeypatch
 
     def fake_generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, **kw):
         rows = [p + answer for p in prompts for _ in range(G)]  # every prompt of 4 tokens
+        mask = torch.tensor([[0] * 4 + [1, 1]] * len(rows))
         return {"ids": torch.tensor(rows), "logps": torch.zeros(len(rows), 2),
-                "response_mask": torch.tensor([[0] * 4 + [1, 1]] * len(rows)),
+                "response_mask": mask, "action_mask": mask,
                 "offsets": torch.zeros(len(rows), dtype=torch.long), "prompt_len": 4}
 
     monkeypatch.setattr(rl, "generate", fake_generate)

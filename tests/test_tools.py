@@ -1,0 +1,420 @@
+"""Tool use: the calculator (fuzzed with hostile text and ids), the traces it replays, the sampler
+that runs it, and the action mask that keeps the environment's tokens out of every loss."""
+import copy
+import functools
+import math
+import re
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import losses as L
+import model as M
+import rl
+import sft
+from data.tasks import TOOL_TOKENS, format_prompt, load_split, task_alphabet
+from model import GPT, GPTConfig, generate, logprobs
+from nanorl import pref, tools
+from nanorl.tool_task import gold_rows, trace
+from nanorl.tools import MAX_CALLS, MAX_DIGITS, Calculator, calculator, env_mask
+from tests.test_rl import make_run
+from tokenizer import CharTokenizer
+from verify import VERIFIERS, tool_answer
+
+TOK = CharTokenizer(task_alphabet("mul3_tool", []))
+TOOL = Calculator(TOK, reverse=True)
+CALL = re.compile(r"\[([^\]]*)\]\{([^}]*)\}")
+
+
+def oracle(text, reverse):
+    """The grammar, written independently: `a*d` or a sum of 2-4 numbers of 1-8 ASCII digits."""
+    ok = lambda s: 1 <= len(s) <= MAX_DIGITS and all(c in "0123456789" for c in s)  # noqa: E731
+    flip = (lambda s: s[::-1]) if reverse else (lambda s: s)  # noqa: E731
+    a, star, d = text.partition("*")
+    if star and ok(a) and len(d) == 1 and ok(d):
+        return flip(str(int(flip(a)) * int(d)))
+    terms = text.split("+")
+    if 2 <= len(terms) <= 4 and all(map(ok, terms)):
+        return flip(str(sum(int(flip(t)) for t in terms)))
+    return "?"
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.one_of(st.text(max_size=60), st.text("0123456789+*-٣ x\n", max_size=40),
+                 st.text("0123456789", min_size=1, max_size=2000)), st.booleans())
+def test_calculator_is_total_and_follows_its_grammar(text, reverse):
+    """Garbage, unicode digits (\\d would take them), huge numbers: a string, never an error."""
+    out = calculator(text, reverse)
+    assert out == oracle(text, reverse)
+    assert out == "?" or (out.isascii() and out.isdigit() and len(out) <= MAX_DIGITS + 1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.integers(0, TOK.vocab_size - 1), max_size=120))
+def test_the_environment_answers_any_ids_with_a_bounded_result(ids):
+    """Any response ending with a close token (specials, nested calls, no open) -> `{...}`."""
+    out = TOOL(ids + [TOOL.close_id])
+    assert out[0] == TOOL.result_id and out[-1] == TOOL.end_id and 3 <= len(out) <= MAX_DIGITS + 3
+    assert re.fullmatch(r"[0-9]+|\?", TOK.decode(out[1:-1]))
+
+
+def test_calls_past_the_limit_and_specials_get_the_error_token():
+    call = TOK.encode("[21*3]")
+    assert TOOL(call) == TOK.encode("{63}")  # 12 * 3 = 36, reversed
+    assert TOOL(call * MAX_CALLS) == TOK.encode("{63}")
+    assert TOOL(call * (MAX_CALLS + 1)) == TOK.encode("{?}")
+    assert TOOL(TOK.encode("[21*") + [TOK.eos_id] + TOK.encode("3]")) == TOK.encode("{?}")
+    assert TOOL(TOK.encode("21*3]")) == TOK.encode("{?}")  # no open
+    assert Calculator(TOK, True, broken=True)(call) == TOK.encode("{?}")
+
+
+@pytest.mark.parametrize("reverse", [True, False])
+def test_every_trace_replays_through_the_calculator(reverse):
+    """All 10k problems of every split: each call's result is the calculator's, at most
+    MAX_CALLS calls, and the verifier accepts the trace's final answer."""
+    for split in ("train", "val", "test"):
+        for p, a in load_split("mul3_tool", split):
+            text = format_prompt(trace(p, a), reverse)
+            calls = CALL.findall(text)
+            assert len(calls) == MAX_CALLS and all(calculator(e, reverse) == r for e, r in calls)
+            assert tool_answer(text, a, reverse) == 1.0
+
+
+def test_sft_loss_is_zero_exactly_on_the_tool_results():
+    problems = load_split("mul3_tool", "test")[:50]
+    for loss_on in ("response", "all"):
+        x, y, mask = sft.encode_split(TOK, problems, True, 96, loss_on, TOOL)
+        for row, m, (p, a) in zip(y.tolist(), mask.tolist(), problems):
+            start = len(TOK.encode(format_prompt(p, True))) - 1  # y: the inputs shifted by one
+            got = [t for t, k in zip(row[start:], m[start:]) if k]  # the trace's targets
+            text = re.sub(r"\{[^}]*\}", "", format_prompt(trace(p, a), True))
+            assert got == TOK.encode(text) + [TOK.eos_id]  # the results are never targets
+            assert all(m[:start]) == (loss_on == "all") and any(m[:start]) == (loss_on == "all")
+
+
+# ---------------------------------------------------------------- the sampler runs the tool
+
+
+def tool_model(seed=0, values=False):
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(block_size=96, vocab_size=TOK.vocab_size, n_layer=2, n_head=2,
+                         n_embd=32, scalar_head=values)).eval()
+
+
+def sample(model, use_cache=True, G=8, seed=1, temperature=1.0):
+    prompts = [TOK.encode(format_prompt(p, True)) for p, _ in load_split("mul3_tool", "val")[:6]]
+    return generate(model, prompts, 40, TOK.eos_id, TOK.pad_id, G=G, temperature=temperature,
+                    generator=torch.Generator().manual_seed(seed), use_cache=use_cache, tool=TOOL)
+
+
+def test_sampler_forces_the_results_and_matches_the_trainer_with_and_without_cache():
+    model = tool_model()
+    out, plain = sample(model), sample(model, use_cache=False)
+    for k in ("ids", "response_mask", "action_mask", "offsets"):
+        assert torch.equal(out[k], plain[k]), k
+    torch.testing.assert_close(out["logps"], plain["logps"], atol=1e-5, rtol=0)
+    P = out["prompt_len"]
+    act, resp = out["action_mask"][:, P:], out["response_mask"][:, P:]  # (N, L)
+    n_calls = []
+    for ids, a, n in zip(out["ids"][:, P:].tolist(), act.tolist(), resp.sum(1).tolist()):
+        closes = [t for t in range(n) if a[t] and ids[t] == TOOL.close_id]
+        for t in closes:  # the environment's tokens right after each call, none its own
+            forced = TOOL(ids[:t + 1])[:n - t - 1]
+            assert ids[t + 1:t + 1 + len(forced)] == forced
+            assert not any(a[t + 1:t + 1 + len(forced)])
+        assert sum(a[:n]) + sum(len(TOOL(ids[:t + 1])[:n - t - 1]) for t in closes) == n
+        n_calls.append(len(closes))
+    assert {0, 1} <= set(n_calls) and max(n_calls) >= 3  # rows with no, one and several calls
+    assert (out["logps"][act == 0] == 0).all()  # forced: log-prob 0
+    lp = logprobs(model, out["ids"], out["offsets"], act, 1.0)[0]  # (N, L) the trainer's
+    torch.testing.assert_close(lp, out["logps"], atol=2e-5, rtol=0)
+    assert (lp[act == 0] == 0).all()
+
+
+def test_forced_tokens_count_against_max_new_tokens():
+    out = sample(tool_model(), G=4)
+    assert out["ids"].size(1) - out["prompt_len"] <= 40
+
+
+# ---------------------------------------------------------------- no leak through the mask
+
+
+@functools.lru_cache(maxsize=1)
+def sampled_rollout(G=4):
+    """A rollout of a tiny random model with the calculator live: every group mixed 0/1."""
+    model = tool_model(seed=3)
+    out = sample(model, G=G, seed=5)
+    P, N = out["prompt_len"], len(out["ids"])
+    act, n = out["action_mask"][:, P:], out["response_mask"][:, P:].sum(1)
+    reward = torch.tensor([1.0, 0.0] * (N // 2))
+    b = rl.Rollout(out["ids"], out["offsets"], act, out["logps"], out["logps"], reward, reward,
+                   torch.full((N,), -1), n.float(), torch.ones(N, dtype=torch.bool))
+    assert ((act == 0) & (torch.arange(act.size(1)) < n[:, None])).any(1).sum() >= N // 3
+    return b
+
+
+def tool_rollout():
+    return copy.deepcopy(sampled_rollout())
+
+
+def env_noise(monkeypatch, responses, scale):
+    """Patch model.response_forward: add `scale` x noise to the logits (and the value head)
+    that score the environment's tokens of any row whose response is one of `responses`
+    [(ids, action mask)]."""
+    env = {tuple(r): (torch.tensor(m) == 0).float() for r, m in responses}  # 1: the env's
+    real, fired = M.response_forward, []
+
+    def noisy(model, ids, offsets, P, return_scalar=False):
+        out = real(model, ids, offsets, P, return_scalar)
+        z, head = out if return_scalar else (out, None)
+        e = torch.zeros(z.shape[:2])  # (N, L)
+        for r, row in enumerate(ids[:, P:].tolist()):
+            k = max((len(key) for key in env if tuple(row[:len(key)]) == key), default=0)
+            e[r, :k] = env[tuple(row[:k])] if k else 0
+        noise = torch.randn(z.shape, generator=torch.Generator().manual_seed(len(fired)))
+        fired.append(int(e.sum()))
+        z = z + scale * e[..., None] * noise
+        return (z, head + scale * e) if return_scalar else z
+
+    monkeypatch.setattr(M, "response_forward", noisy)
+    return fired
+
+
+def loss_and_grads(name, b, monkeypatch, scale):
+    """One loss of row `name` on rollout b (pg: rl.prepare + rl.accumulate; pairs, rft, sft:
+    pref.rows_loss) with the environment's logits moved by scale -> (loss, gradients)."""
+    row = L.ALGOS[name]
+    model = tool_model(seed=3, values="values" in row.needs).train()  # b's sampler, [a head]
+    cfg = rl.Config(loss=name, group_size=4, micro_batch_size=1024, overlong_window=0,
+                    beta=0.1 if "beta" in row.defaults else None, dynamic_sampling=False)
+    teacher = tool_model(seed=9) if "teacher" in row.needs else None
+    run, b = make_run(cfg, model, teacher=teacher), copy.copy(b)
+    b.baseline = torch.linspace(0, 1, len(b.ids))  # (N,) ReMax's greedy rewards
+    P = b.ids.size(1) - b.mask.size(1)
+    gold = gold_rows(TOK, load_split("mul3_tool", "val")[:8], True, TOOL)
+    fired = env_noise(monkeypatch, [(b.ids[r, P:P + k].tolist(), b.mask[r, :k].tolist()) for r, k
+                                    in enumerate(b.length.long().tolist())] +
+                      [(r, m) for _, r, m in gold], scale)
+    model.zero_grad()
+    if row.family == "pg":
+        with torch.no_grad():
+            ref_lp, adv, inputs, _ = rl.prepare(cfg, row, run, b)
+        loss, _ = rl.accumulate(cfg, row, run, b, adv, inputs, ref_lp, torch.arange(len(b.ids)),
+                                1024, first=True)
+    else:
+        rows, labels = (gold, None) if row.data == "gold" else \
+            pref.rollout_rows(b, row, cfg.group_size)
+        loss, _ = pref.rows_loss(model, run.ref, TOK.pad_id, rows, labels, row, run.hp)
+        loss.backward()
+    assert sum(fired) > 0, "no environment token reached the model"
+    return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
+
+
+def assert_no_leak(name, b, monkeypatch):
+    loss, grads = loss_and_grads(name, b, monkeypatch, 0.0)
+    moved, moved_grads = loss_and_grads(name, b, monkeypatch, 5.0)
+    assert torch.isfinite(loss) and grads
+    torch.testing.assert_close(moved, loss, atol=1e-6, rtol=1e-5)
+    for g, h in zip(grads, moved_grads):
+        torch.testing.assert_close(h, g, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(L.ALGOS))
+def test_environment_logits_never_reach_a_loss_or_its_gradient(name, monkeypatch):
+    b = tool_rollout()
+    if L.ALGOS[name].data == "samples":  # rft: the correct rows
+        b.correct = b.reward.clone()
+    assert_no_leak(name, b, monkeypatch)
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo", "dpo"])
+def test_the_leak_test_fails_when_the_action_mask_is_ignored(name, monkeypatch):
+    """The same check with the response mask in place of the action mask: it sees the leak."""
+    b = tool_rollout()
+    b.mask = (torch.arange(b.mask.size(1)) < b.length[:, None]).long()  # (N, L) every token
+    with pytest.raises(AssertionError):
+        assert_no_leak(name, b, monkeypatch)
+
+
+# ---------------------------------------------------------------- gaps in the response
+
+
+def test_gae_and_return_to_go_carry_across_an_environment_span_by_hand():
+    """Tokens a, b (policy), e1 e2 (environment), c (policy, last): the environment's positions
+    are skipped, so b's successor is c."""
+    mask = torch.tensor([[1, 1, 0, 0, 1]])
+    r = torch.tensor([[0.1, 0.2, 9.0, 9.0, 1.0]])  # env rewards: never read
+    v = torch.tensor([[0.5, 0.4, 7.0, 7.0, 0.3]])
+    g, lam = 0.9, 0.8
+    d_c = 1.0 - 0.3
+    d_b = 0.2 + g * 0.3 - 0.4
+    d_a = 0.1 + g * 0.4 - 0.5
+    a_c, a_b = d_c, d_b + g * lam * d_c
+    a_a = d_a + g * lam * a_b
+    adv, ret = L.gae(r, v, mask, g, lam)
+    torch.testing.assert_close(adv, torch.tensor([[a_a, a_b, 0, 0, a_c]]))
+    torch.testing.assert_close(ret, torch.tensor([[a_a + 0.5, a_b + 0.4, 0, 0, a_c + 0.3]]))
+    adv, ret = L.gae(r, torch.zeros_like(v), mask, 1.0, 1.0)  # REINFORCE++: return-to-go
+    torch.testing.assert_close(adv, torch.tensor([[1.3, 1.2, 0, 0, 1.0]]))
+
+
+def test_the_score_lands_on_the_last_action_token():
+    mask = torch.tensor([[1, 0, 0, 1, 0], [1, 1, 1, 0, 0]])  # row 0 ends on an env-free EOS
+    logp = torch.zeros(2, 5)
+    ref = torch.full((2, 5), -0.5)
+    rewards = L.kl_in_reward(torch.tensor([1.0, 2.0]), logp, ref, mask, 0.1)
+    k1 = -0.1 * 0.5  # -beta (logp - ref)
+    torch.testing.assert_close(rewards, torch.tensor([[k1, 0, 0, 1 + k1, 0],
+                                                      [k1, k1, 2 + k1, 0, 0]]))
+
+
+def test_tool_metrics_count_calls_errors_and_environment_tokens():
+    ids = torch.tensor([TOK.encode("[1*2]{2}2") + [TOK.eos_id] + [TOK.pad_id] * 5,
+                        TOK.encode("[*]{?}[1*1]{1}1")])  # (2, 15)
+    action = torch.tensor([env_mask(r, TOOL) for r in ids.tolist()])
+    c = tools.counts(ids, action, torch.tensor([10, 15]), TOOL)
+    assert c.tolist() == [2, 3, 1, 9, 25]
+    assert tools.metrics(c, "rl") == {"rl/tool_calls": 1.5, "rl/tool_error_frac": 1 / 3,
+                                      "rl/env_token_frac": 9 / 25}
+
+
+def test_gold_rows_mask_exactly_the_results():
+    (p, r, m), = gold_rows(TOK, [("123*456=", "56088")], True, TOOL)
+    text = TOK.decode(r[:-1])
+    assert text == "[321*6]{837}[321*5]{516}[321*4]{294}[837+0516+00294]{88065}88065"
+    assert "".join(c for c, k in zip(text, m) if k) == re.sub(r"\{[^}]*\}", "", text)
+    assert set(TOOL_TOKENS) <= set(TOK.chars)
+
+
+# ---------------------------------------------------------------- bounds and gaps by hand
+
+
+def test_calculator_bounds_by_hand():
+    """The grammar's bounds, each side of each: 8 digits a number, a one-digit multiplier, 2 to
+    4 terms; reversed numbers are turned back and forth; a PAD inside a call (decode would drop
+    it: "21*3") gets the error token."""
+    assert calculator("12345678*9") == "111111102" and calculator("123456789*9") == "?"
+    assert calculator("12*34") == "?" and calculator("7") == "?"
+    assert calculator("12345678+1") == "12345679" and calculator("123456789+1") == "?"
+    assert calculator("1+12345678") == "12345679" and calculator("1+123456789") == "?"
+    assert calculator("1+2+3+4") == "10" and calculator("1+2+3+4+5") == "?"
+    assert calculator("21*3", reverse=True) == "63" and calculator("9+1", reverse=True) == "01"
+    assert TOOL(TOK.encode("[21*") + [TOK.pad_id] + TOK.encode("3]")) == TOK.encode("{?}")
+
+
+def test_forced_results_count_against_max_new_tokens_by_hand():
+    """A policy that always closes a call (`]` without `[`: the error result `{?}` is forced in)
+    with max_new_tokens 10 writes exactly `]{?}]{?}]{`: the budget cuts the last result; the
+    forced tokens are not actions and have log-prob 0, with and without the cache."""
+    model = tool_model()
+    bias = torch.zeros(TOK.vocab_size)
+    bias[TOOL.close_id] = 50.0
+    hook = model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias)
+    try:
+        for use_cache in (True, False):
+            out = generate(model, [TOK.encode("321*654=")], 10, TOK.eos_id, TOK.pad_id, G=2,
+                           generator=torch.Generator().manual_seed(0), use_cache=use_cache,
+                           tool=TOOL)
+            P = out["prompt_len"]
+            assert out["ids"][:, P:].tolist() == [TOK.encode("]{?}]{?}]{")] * 2
+            act = out["action_mask"][:, P:]
+            assert act.tolist() == [[1, 0, 0, 0, 1, 0, 0, 0, 1, 0]] * 2
+            assert out["response_mask"][:, P:].tolist() == [[1] * 10] * 2
+            assert (out["logps"][act == 0] == 0).all() and out["logps"][act == 1].abs().max() < 1e-6
+    finally:
+        hook.remove()
+
+
+def test_tool_counts_skip_the_padding_the_sampler_leaves():
+    """The sampler's action mask is 0 on padding as on the environment's tokens: only the
+    tokens before each row's length can be the environment's."""
+    ids = torch.tensor([TOK.encode("[1*2]{2}2") + [TOK.eos_id] + [TOK.pad_id] * 5])  # (1, 15)
+    action = torch.tensor([env_mask(ids[0, :10].tolist(), TOOL) + [0] * 5])
+    c = tools.counts(ids, action, torch.tensor([10]), TOOL)
+    assert c.tolist() == [1, 1, 0, 3, 10]
+    assert tools.metrics(c, "eval")["eval/env_token_frac"] == 0.3
+
+
+def test_pnpo_counts_only_the_policys_tokens_by_hand():
+    """PNPO's t is a token's index among the policy's own: tokens a, (env, env), b, c with d =
+    0.1 each have w_t = exp(0.3 / 3) at c, not exp(0.3 / 5); the gates (eps 0.2, h = sqrt(3 / t))
+    let all three through: loss = -exp(0.1) A (lp_a + lp_b + lp_c) / 3, no gradient at the env's."""
+    mask = torch.tensor([[1, 0, 0, 1, 1]])
+    lp = torch.tensor([[-0.5, 9.0, 9.0, -1.5, -0.25]], requires_grad=True)  # env: junk
+    old = torch.tensor([[-0.6, -9.0, -9.0, -1.6, -0.35]])
+    loss, _ = L.LOSSES["pnpo"](lp, old, torch.tensor([2.0]), mask, eps_low=0.2, eps_high=0.2)
+    loss.backward()
+    w = torch.exp(torch.tensor(0.1)).item()
+    assert loss.item() == pytest.approx(-w * 2.0 * (-0.5 - 1.5 - 0.25) / 3, abs=1e-6)
+    torch.testing.assert_close(lp.grad, -w * 2.0 / 3 * mask.float())
+
+
+def test_rollout_keeps_the_environments_tokens_in_each_response():
+    """rl.rollout with the calculator live: the mask is the sampler's action mask, and each
+    row's length counts every response token, the environment's too (they count in
+    max_new_tokens), so the graded response is the whole trace."""
+    from nanorl.evaluate import Task
+    problems = load_split("mul3_tool", "val")[:4]
+    task = Task(TOK, "mul3_tool", True, "tool", 0, problems, tool=TOOL)
+    cfg = rl.Config(loss="grpo", group_size=4, max_new_tokens=40, overlong_window=0)
+    model = tool_model(seed=3)
+    b = rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, model, task), [0, 1, 2, 3],
+                   torch.Generator().manual_seed(5), 4, 1.0)
+    out = generate(model, [p for p, *_ in task.gold_rows(problems)], 40, TOK.eos_id, TOK.pad_id,
+                   G=4, generator=torch.Generator().manual_seed(5), tool=TOOL)
+    P = out["prompt_len"]
+    assert torch.equal(b.mask, out["action_mask"][:, P:])
+    assert b.length.tolist() == out["response_mask"][:, P:].sum(1).float().tolist()
+    assert (b.length > b.mask.sum(1)).sum() >= 4  # rows with the environment's tokens
+
+
+# ---------------------------------------------------------------- every family, end to end
+
+
+@pytest.fixture(scope="module")
+def tool_ckpt(tmp_path_factory):
+    """A tiny SFT on calculator traces (it calls the tool, its answers mostly wrong)."""
+    out = tmp_path_factory.mktemp("sft-tool")
+    sft.main(sft.Config(task="mul3_tool", verifier="tool", block_size=96, max_new_tokens=80,
+                        out_dir=str(out), n_layer=1, n_head=2, n_embd=32, batch_size=64, lr=3e-3,
+                        warmup_iters=5, max_iters=60, eval_interval=60, eval_samples=0,
+                        threads=1, bf16=False))
+    return str(out / "ckpt.pt")
+
+
+@pytest.mark.parametrize("name", ["grpo", "ppo", "dpo", "rft", "gkd"])
+def test_every_family_trains_on_the_tool_task(name, tool_ckpt, tmp_path, monkeypatch):
+    """A step of each family with the calculator live (dpo: online pairs; gkd: a teacher),
+    held-out evals with it: finite losses and the tool metrics, train and eval."""
+    import json
+    import nanorl.evaluate as E
+    small = lambda task, split: load_split(task, split)[:24]  # noqa: E731 (fast evals)
+    monkeypatch.setattr(E, "load_split", small)
+    reward = (lambda *a, **k: 1.0) if name == "rft" else \
+        (lambda text, gold, reverse=False: float(len(text) % 2))  # varied: the model is never right
+    monkeypatch.setitem(VERIFIERS, "tool", reward)
+    cfg = rl.Config(loss=name, sft_ckpt=tool_ckpt, out_dir=str(tmp_path), max_iters=2,
+                    eval_interval=2, prompts_per_step=4, group_size=4, eval_samples=2,
+                    max_new_tokens=80, threads=1, pairs="online", dynamic_sampling=False,
+                    teacher_ckpt=tool_ckpt if name == "gkd" else "")
+    rl.main(cfg)
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    train = [r for r in rows if "rl/loss" in r]
+    assert train and all(math.isfinite(r["rl/loss"]) for r in train)
+    assert all(0 <= r["rl/env_token_frac"] < 1 and r["rl/tool_calls"] >= 0 for r in train)
+    assert {"eval/tool_calls", "eval/tool_error_frac", "eval/env_token_frac"} <= set(rows[-1])
+
+
+def test_sample_shows_the_trace_and_can_kill_the_tool(tool_ckpt, capsys):
+    """Every close `]` is the policy's, so the text after it is the environment's result."""
+    import sample
+    for tool in ("calc", "error"):
+        sample.main(sample.Config(ckpt=tool_ckpt, prompt="123*456=", num_samples=8,
+                                  temperature=1.0, tool=tool))
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 8 and all(line.startswith("123*456=") for line in lines)
+        results = [m[1] for line in lines for m in re.finditer(r"\](\{[0-9?]*\})", line)]
+        assert len(results) > 8 and ({"{?}"} == set(results)) == (tool == "error")
+    with pytest.raises(rl.UserError, match="tool must be"):
+        sample.main(sample.Config(ckpt=tool_ckpt, prompt="1*2=", tool="python"))
