@@ -1,20 +1,30 @@
-"""Mutation testing of the loss and advantage maths: does a test fail when a one-line defect is planted?
+"""Mutation testing: does a test fail when a one-line defect is planted in the code?
 
     python bench/mutate.py              # every mutant, about 15 min on 2 busy CPU cores
-    python bench/mutate.py pnpo kto     # only the mutants whose description or changed text names a word
-    python bench/mutate.py --check      # only check that every mutant applies (its text occurs once)
+    python bench/mutate.py pnpo kto     # only mutants whose description or new text has a word
+    python bench/mutate.py --check      # only check that every mutant applies
 
 MUTANTS holds single-line defects (file, an exact substring that occurs once in that file, its
-replacement, what the defect breaks) in every function of losses.py and in rl.advantages: flipped
-signs, wrong normalisers, a removed .detach(), changed clamps, swapped hyperparameters, sample for
-population std. For each one the script copies the repo's .py files, tests/, data/ and pytest.ini to a
-temporary folder (the working tree is never touched), plants the defect there and runs
+replacement, what the defect breaks, the tests that should catch it) across the maths and its
+plumbing: losses.py (reductions, advantages, KL, the objectives, `loss` and `aggregate`, the
+ALGOS rows' advantage / aggregation columns), rl.py (grading key, advantages, the ratio's
+anchor, logp_mismatch), model.py (log-probs, the sampler's prefix key and forced tool tokens,
+response_forward's grouping key) and nanorl/ (cliff, cov, offpolicy, distill, pref, rm, rows,
+tools), verify.py and sft.py: flipped signs, wrong normalisers, a removed .detach() or mask,
+changed clamps and bounds, swapped hyperparameters, sample for population std.
 
-  python -m pytest -x -q -p no:cacheprovider tests/test_losses.py tests/test_advantages.py tests/test_pref.py
+Each mutant names its own tests: test files or pytest node ids (file::test), fast ones first.
+The script copies the repo's top-level .py files, pytest.ini and the folders nanorl/, bench/,
+data/, tests/ and configs/ to a temporary folder (the working tree is never touched). There
+it first runs, unmutated, every test the chosen mutants name (all must pass), then for each
+mutant plants the defect and runs
 
-(test_pref.py last: its end-to-end runs are the slow part, and -x stops at the first failure). A failing
-test means the mutant was caught; a passing run means it was missed. The unmutated copy must pass first.
-Prints one line per mutant, then "caught N of M"; exits 1 if any mutant was missed.
+    python -m pytest -x -q -p no:cacheprovider --hypothesis-seed=0 <the mutant's tests>
+
+(-x: the first failure ends the run; the seed makes the fuzz tests the same every run.)
+A failing test means the mutant was caught; a passing run means it was missed; a run past
+TIMEOUT counts as caught. Prints one line per mutant, then "caught N of M"; exits 1 if any
+mutant was missed.
 """
 import os
 import shutil
@@ -24,353 +34,548 @@ import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = ["tests/test_losses.py", "tests/test_advantages.py", "tests/test_pref.py"]
 TIMEOUT = 600  # seconds per pytest run; a mutant that hangs counts as caught
+FOLDERS = ("nanorl", "bench", "data", "tests", "configs")  # data/: tasks.py and generated splits
 
-LP = "losses.py"
-MUTANTS = [  # (file, old, new, what it breaks)
+LP, RL, MD, CL = "losses.py", "rl.py", "model.py", "nanorl/cliff.py"
+PF, OP, DI, TL = "nanorl/pref.py", "nanorl/offpolicy.py", "nanorl/distill.py", "nanorl/tools.py"
+LOSS, ADV = ("tests/test_losses.py",), ("tests/test_advantages.py",)
+LOSS_TESTS = LOSS + ADV
+PREF, TOOLS, MODEL = ("tests/test_pref.py",), ("tests/test_tools.py",), ("tests/test_model.py",)
+OFF, VERIFY = ("tests/test_offpolicy.py",), ("tests/test_verify.py",)
+T, O, R = "tests/test_tools.py::test_", "tests/test_offpolicy.py::test_", "tests/test_rl.py::test_"
+GAP = (T + "gae_and_return_to_go_carry_across_an_environment_span_by_hand",)
+LAST = (T + "the_score_lands_on_the_last_action_token",)
+CALC = (T + "calculator_bounds_by_hand", T + "calculator_is_total_and_follows_its_grammar",
+        T + "calls_past_the_limit_and_specials_get_the_error_token")
+FORCED = (T + "forced_results_count_against_max_new_tokens_by_hand",
+          T + "sampler_forces_the_results_and_matches_the_trainer_with_and_without_cache")
+COUNTS = (T + "tool_counts_skip_the_padding_the_sampler_leaves",
+          T + "tool_metrics_count_calls_errors_and_environment_tokens")
+PNPO_GAP = (T + "pnpo_counts_only_the_policys_tokens_by_hand",)
+TOOL_ROLLOUT = (T + "rollout_keeps_the_environments_tokens_in_each_response",)
+AT_TEMPERATURE = (O + "stale_batch_at_a_temperature_recomputes_pi_old_at_it",)
+OFF_MASK = (O + "logp_mismatch_reads_only_the_policys_tokens",)
+GRADE = (R + "the_same_response_under_two_prompts_gets_each_prompts_grade",)
+MISMATCH = (R + "tempered_sampling_matches_training_and_dropout_is_off",)  # sft + 3 rl steps
+MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     # reductions, log-probs, entropy
-    (LP, "x = torch.where(mask.bool(), x, 0.0)", "x = x * mask", "masked_sum multiplies padding by 0"),
+    (LP, "x = torch.where(mask.bool(), x, 0.0)", "x = x * mask",
+     "masked_sum multiplies padding by 0", LOSS),
     (LP, "masked_sum(x, mask, dim) / count.clamp_min(1)", "masked_sum(x, mask, dim) / count",
-     "masked_mean: empty selection gives NaN"),
+     "masked_mean: empty selection gives NaN", LOSS),
     (LP, "else mask.bool().sum(dim)", "else torch.tensor(float(mask.shape[-1]))",
-     "masked_mean along dim divides by T, not the masked count"),
-    (LP, "labels = torch.where(mask.bool(), labels, 0)", "labels = labels",
-     "token_logps gathers padding ids"),
-    (LP, "torch.float32)) / temperature", "torch.float32)) * temperature",
-     "token_logps: temperature multiplies"),
-    (LP, "- z.logsumexp(-1)", "- z.max(-1).values", "token_logps: unnormalised log-softmax"),
+     "masked_mean along dim divides by T, not the masked count", LOSS),
+    (MD, "labels = torch.where(mask.bool(), labels, 0)", "labels = labels",
+     "token_logps gathers padding ids", LOSS),
+    (MD, "torch.float32)) / temperature", "torch.float32)) * temperature",
+     "token_logps: temperature multiplies", LOSS),
+    (MD, "- z.logsumexp(-1)", "- z.max(-1).values", "token_logps: unnormalised log-softmax", LOSS),
     (LP, "return -(p * torch.where(p > 0, logp, 0.0)).sum(-1)",
-     "return (p * torch.where(p > 0, logp, 0.0)).sum(-1)", "token_entropy: sign"),
-    (LP, "F.log_softmax(logits.float() / temperature, dim=-1)", "F.log_softmax(logits.float(), dim=-1)",
-     "token_entropy ignores the temperature"),
+     "return (p * torch.where(p > 0, logp, 0.0)).sum(-1)", "token_entropy: sign", LOSS),
+    (LP, "F.log_softmax(logits.float() / temperature, dim=-1)",
+     "F.log_softmax(logits.float(), dim=-1)", "token_entropy ignores the temperature", LOSS),
+    (MD, "(z / temperature if logits else None)", "(z if logits else None)",
+     "logprobs: logits (gkd, PPO's entropy) not tempered", OFF),
     # group_advantages
     (LP, "adv = centred / (rewards.std(-1, correction=0, keepdim=True) + eps)",
-     "adv = centred / (rewards.std(-1, correction=1, keepdim=True) + eps)", "group_advantages: sample std"),
+     "adv = centred / (rewards.std(-1, correction=1, keepdim=True) + eps)",
+     "group_advantages: sample std", LOSS_TESTS),
     (LP, "adv = centred * G / (G - 1)", "adv = centred * (G - 1) / G",
-     "group_advantages: rloo factor inverted"),
-    (LP, "centred = rewards - rewards.mean(-1, keepdim=True)", "centred = rewards - rewards.mean()",
-     "group_advantages: batch mean, not group mean"),
+     "group_advantages: rloo factor inverted", LOSS_TESTS),
+    (LP, "centred = rewards - mean  # (P, G)", "centred = rewards - rewards.mean()  # (P, G)",
+     "group_advantages: batch mean, not group mean", LOSS_TESTS),
     (LP, "same = (rewards == rewards[..., :1]).all(-1, keepdim=True)",
-     "same = (rewards == rewards[..., :1]).any(-1, keepdim=True)", "group_advantages: zeroes every group"),
+     "same = (rewards == rewards[..., :1]).any(-1, keepdim=True)",
+     "group_advantages: zeroes every group", LOSS_TESTS),
     (LP, "        adv = centred\n    elif", "        adv = rewards\n    elif",
-     "group_advantages: mean kind without baseline"),
+     "group_advantages: mean kind without baseline", LOSS_TESTS),
+    (LP, "adv = torch.where(mean > 0, centred / torch.where(mean > 0, mean, 1.0), 0.0)",
+     "adv = torch.where(mean > 0, centred, 0.0)",
+     "maxrl advantage: not divided by the pass rate", LOSS_TESTS),
+    (LP, "adv = torch.where(mean > 0, centred / torch.where(mean > 0, mean, 1.0), 0.0)",
+     "adv = centred / torch.where(mean > 0, mean, 1.0)",
+     "maxrl advantage: mean <= 0 not zeroed", LOSS_TESTS),
     # gae, kl
     (LP, "delta = rewards[:, t] + gamma * next_value - values[:, t]",
-     "delta = rewards[:, t] + next_value - values[:, t]", "gae: undiscounted bootstrap"),
-    (LP, "delta + gamma * lam * next_adv", "delta + lam * next_adv", "gae: gamma dropped from the trace"),
-    (LP, "next_value = torch.where(m[:, t], values[:, t], 0.0)", "next_value = values[:, t]",
-     "gae: bootstraps from padding values"),
-    (LP, "return adv, torch.where(m, adv + values, 0.0)", "return adv, torch.where(m, adv, 0.0)",
-     "gae: returns without V"),
+     "delta = rewards[:, t] + next_value - values[:, t]", "gae: undiscounted bootstrap",
+     LOSS_TESTS),
+    (LP, "delta + gamma * lam * next_adv", "delta + lam * next_adv",
+     "gae: gamma dropped from the trace", LOSS_TESTS),
+    (LP, "next_value = torch.where(m[:, t], values[:, t], next_value)",
+     "next_value = values[:, t]", "gae: bootstraps from padding values", LOSS_TESTS + GAP),
+    (LP, "next_value = torch.where(m[:, t], values[:, t], next_value)",
+     "next_value = torch.where(m[:, t], values[:, t], 0.0)",
+     "gae: an environment span resets the next value to 0", GAP + LOSS_TESTS),
+    (LP, "delta + gamma * lam * next_adv, next_adv)", "delta + gamma * lam * next_adv, 0.0)",
+     "gae: an environment span resets the advantage trace", GAP + LOSS_TESTS),
+    (LP, "torch.where(m, adv + values, 0.0)", "torch.where(m, adv, 0.0)",
+     "gae: returns without V", LOSS_TESTS),
     (LP, "x = (ref_logp - logp).clamp(-20.0, 20.0)", "x = ref_logp - logp",
-     "kl_estimate: log-ratio not clamped"),
-    (LP, '"k1": -x,', '"k1": x,', "kl_estimate: k1 sign"),
-    (LP, '"k2": 0.5 * x * x', '"k2": x * x', "kl_estimate: k2 without 1/2"),
-    (LP, '"k3": torch.expm1(x) - x', '"k3": torch.expm1(x) + x', "kl_estimate: k3 sign of x"),
+     "kl_estimate: log-ratio not clamped", LOSS),
+    (LP, '"k1": -x,', '"k1": x,', "kl_estimate: k1 sign", LOSS),
+    (LP, '"k2": 0.5 * x * x', '"k2": x * x', "kl_estimate: k2 without 1/2", LOSS),
+    (LP, '"k3": torch.expm1(x) - x', '"k3": torch.expm1(x) + x', "kl_estimate: k3 sign of x",
+     LOSS),
     (LP, '-beta * kl_estimate(logp, ref_logp, "k1")', '-beta * kl_estimate(logp, ref_logp, "k3")',
-     "kl_in_reward: k3, not k1"),
+     "kl_in_reward: k3, not k1", LOSS_TESTS),
     (LP, '-beta * kl_estimate(logp, ref_logp, "k1")', 'beta * kl_estimate(logp, ref_logp, "k1")',
-     "kl_in_reward: KL rewarded"),
-    (LP, "last = (m.sum(1) - 1).clamp_min(0)", "last = (m.sum(1) - 2).clamp_min(0)",
-     "kl_in_reward: score on the wrong token"),
+     "kl_in_reward: KL rewarded", LOSS_TESTS),
+    (LP, "last = m.shape[1] - 1 - m.flip(1).int().argmax(1)",
+     "last = m.shape[1] - 2 - m.flip(1).int().argmax(1)",
+     "kl_in_reward: score on the wrong token", LOSS_TESTS),
+    (LP, "last = m.shape[1] - 1 - m.flip(1).int().argmax(1)", "last = (m.sum(1) - 1).clamp_min(0)",
+     "kl_in_reward: score at the action count, not the last action (tools)", LAST + LOSS_TESTS),
     (LP, "torch.exp(F.pad(logp, (1, 0))[:, :-1].cumsum(1))", "torch.exp(logp.cumsum(1))",
-     "prefix_prob includes the current token"),
-    # whiten, explained variance, adaptive KL, cliff, gapo bound, sequence ratio, clip
-    (LP, "return masked_mean((x - masked_mean(x, mask)) ** 2, mask)", "return masked_mean(x ** 2, mask)",
-     "masked_var: uncentred"),
+     "prefix_prob includes the current token", LOSS),
+    # whiten, explained variance, adaptive KL, cliff
+    (LP, "return masked_mean((x - masked_mean(x, mask)) ** 2, mask)",
+     "return masked_mean(x ** 2, mask)", "masked_var: uncentred", LOSS),
     (LP, "(x - mean) * torch.rsqrt(var + eps)", "(x - mean) / (var + eps)",
-     "whiten: divides by the variance"),
+     "whiten: divides by the variance", LOSS_TESTS),
     (LP, "torch.where(m, (x - mean) * torch.rsqrt", "torch.where(m, x * torch.rsqrt",
-     "whiten: not centred"),
+     "whiten: not centred", LOSS_TESTS),
     (LP, "var = masked_var(x, m) if var is None", "var = masked_var(x, m) * 2 if var is None",
-     "whiten: wrong batch variance"),
-    (LP, "/ masked_var(returns, mask).clamp_min(1e-8)", "/ masked_var(values, mask).clamp_min(1e-8)",
-     "explained_variance: wrong denominator"),
-    (LP, "return beta * (1 + min(", "return beta * (1 - min(", "adaptive_beta: sign"),
-    (LP, "0.2) * n / horizon)", "0.2))", "adaptive_beta: ignores n / horizon"),
-    (LP, "sd = rewards.std(-1, correction=0, keepdim=True)",
-     "sd = rewards.std(-1, correction=1, keepdim=True)", "cliff_advantages: sample std"),
-    (LP, "(-mu / sd)[..., None]", "(mu / sd)[..., None]", "cliff_advantages: a_bad sign"),
-    (LP, "before = t < first_wrong", "before = t <= first_wrong",
-     "cliff_advantages: first wrong token off by one"),
-    (LP, "torch.where(before, lam * a_good, a_bad)", "torch.where(before, a_good, a_bad)",
-     "cliff_advantages: ignores lam"),
-    (LP, "adv = adv - masked_mean(adv.expand(m.shape), m, dim=(1, 2))[:, None, None]",
-     "adv = adv - adv.expand(m.shape).mean((1, 2))[:, None, None]", "cliff_advantages: centred over padding"),
-    (LP, "(eps_high_max - eps_low) * (G - c) / (G - 1)", "(eps_high_max - eps_low) * (G - c) / G",
-     "gapo_eps_high: divides by G"),
-    (LP, "torch.exp(masked_mean(logp - old_logp, mask, dim=1))",
-     "torch.exp(masked_sum(logp - old_logp, mask, dim=1))", "sequence_ratio: product, not geometric mean"),
+     "whiten: wrong batch variance", LOSS),
+    ("nanorl/evaluate.py", "/ L.masked_var(returns, mask).clamp_min(1e-8)",
+     "/ L.masked_var(values, mask).clamp_min(1e-8)", "explained_variance: wrong denominator",
+     LOSS),
+    (LP, "return beta * (1 + min(", "return beta * (1 - min(", "adaptive_beta: sign", LOSS),
+    (LP, "0.2) * n / horizon)", "0.2))", "adaptive_beta: ignores n / horizon", LOSS),
+    (CL, "sd = rewards.std(-1, correction=0, keepdim=True)",
+     "sd = rewards.std(-1, correction=1, keepdim=True)", "cliff_advantages: sample std",
+     LOSS_TESTS),
+    (CL, "(-mu / sd)[..., None]", "(mu / sd)[..., None]", "cliff_advantages: a_bad sign",
+     LOSS_TESTS),
+    (CL, "before = t < first_wrong", "before = t <= first_wrong",
+     "cliff_advantages: first wrong token off by one", LOSS_TESTS),
+    (CL, "torch.where(before, lam * a_good, a_bad)", "torch.where(before, a_good, a_bad)",
+     "cliff_advantages: ignores lam", LOSS_TESTS),
+    (CL, "adv = adv - masked_mean(adv.expand(m.shape), m, dim=(1, 2))[:, None, None]",
+     "adv = adv - adv.expand(m.shape).mean((1, 2))[:, None, None]",
+     "cliff_advantages: centred over padding", LOSS_TESTS),
+    # clip, sequence ratios
     (LP, "ratio.clamp(min=1 - eps_low).clamp(max=1 + eps_high)",
-     "ratio.clamp(min=1 - eps_high).clamp(max=1 + eps_low)", "clip_objective: eps_low / eps_high swapped"),
-    (LP, "obj = torch.minimum(ratio * adv, clipped * adv)", "obj = torch.maximum(ratio * adv, clipped * adv)",
-     "clip_objective: max, not min"),
+     "ratio.clamp(min=1 - eps_high).clamp(max=1 + eps_low)",
+     "clip_objective: eps_low / eps_high swapped", LOSS),
+    (LP, "obj = torch.minimum(ratio * adv, clipped * adv)",
+     "obj = torch.maximum(ratio * adv, clipped * adv)", "clip_objective: max, not min", LOSS),
     (LP, "low = (adv < 0) & (ratio < 1 - eps_low)", "low = (adv > 0) & (ratio < 1 - eps_low)",
-     "clip_objective: low flag on the wrong side"),
+     "clip_objective: low flag on the wrong side", LOSS),
     (LP, "dual = (adv < 0) & (obj < clip_c * adv)", "dual = (adv < 0) & (obj > clip_c * adv)",
-     "clip_objective: dual clip inverted"),
-    # loss plumbing: _prep
-    (LP, "logp = torch.where(m, logp, 0.0)", "logp = logp * m", "_prep multiplies padding by 0"),
-    (LP, "old_logp = torch.where(m, old_logp.detach(), 0.0)", "old_logp = torch.where(m, old_logp, 0.0)",
-     "_prep: old_logp not detached"),
-    (LP, "ref_logp.detach(), 0.0)", "ref_logp, 0.0)", "_prep: ref_logp not detached"),
-    (LP, ".detach().expand(m.shape)", ".expand(m.shape)", "_prep: advantages not detached"),
-    (LP, 'hp["beta"] * kl_estimate(logp, ref_logp, hp["kl_estimator"])',
-     'hp["beta"] * kl_estimate(logp, ref_logp, "k3")', "_prep: in-loss KL ignores kl_estimator"),
-    (LP, 'hp["beta"] * kl_estimate(logp, ref_logp, hp["kl_estimator"])',
-     'hp["beta"] * kl_estimate(ref_logp, logp, hp["kl_estimator"])',
-     "_prep: in-loss KL(ref || pi), arguments swapped"),
-    # policy losses
-    (LP, "-masked_sum(adv * logp, m) / (n_seqs or m.shape[0])",
-     "-masked_sum(adv * logp, m) / (n_tokens or m.sum())", "reinforce: divides by tokens"),
-    (LP, "ref_logp, n_tokens, n_seqs, **hp)", "ref_logp, n_seqs, n_tokens, **hp)",
-     "gapo: counts swapped calling gspo"),
-    (LP, "return obj - kl, m, _stats(", "return obj + kl, m, _stats(",
-     "grpo/dapo/dr_grpo/cliff: KL sign"),
-    (LP, 'obj, low, high = clip_objective(ratio, adv, hp["eps_low"], hp["eps_high"], hp["clip_c"])',
-     'obj, low, high = clip_objective(ratio, adv, hp["eps_low"], hp["eps_high"], None)',
-     "_clipped_tokens drops clip_c"),
-    (LP, "return -masked_mean(obj, m, dim=1).sum() / (n_seqs or m.shape[0]), stats\n\n\ncliff",
-     "return -masked_sum(obj, m, dim=1).sum() / (n_seqs or m.shape[0]), stats\n\n\ncliff",
-     "grpo/cliff: token sum, not per-sequence mean"),
-    (LP, "return -masked_sum(obj, m) / (n_tokens or m.sum().clamp_min(1)), stats\n\n\ndef ppo",
-     "return -masked_sum(obj, m) / (n_seqs or m.shape[0]), stats\n\n\ndef ppo",
-     "dapo: divides by sequences, not tokens"),
-    (LP, '((n_seqs or m.shape[0]) * hp["max_new_tokens"])', "((n_seqs or m.shape[0]) * m.shape[1])",
-     "dr_grpo: batch width, not max_new_tokens"),
-    (LP, '+ (hp["ent_coef"] * entropy if hp["ent_coef"] else 0.0)',
-     '- (hp["ent_coef"] * entropy if hp["ent_coef"] else 0.0)', "ppo: entropy bonus sign"),
+     "clip_objective: dual clip inverted", LOSS),
+    (LP, 'hp.get("clip_c"))\n    return obj, _stats(ratio, m, low, high)',
+     'None)\n    return obj, _stats(ratio, m, low, high)', "clip: drops clip_c", LOSS),
+    (LP, "s = torch.exp(masked_mean(logp - old_logp, m, dim=1))",
+     "s = torch.exp(masked_sum(logp - old_logp, m, dim=1))",
+     "gspo: sequence ratio a product, not a geometric mean", LOSS),
+    (LP, 'clip_objective(s, adv, hp["eps_low"], hp["eps_high"]',
+     'clip_objective(s, adv, hp["eps_low"], hp["eps_low"]', "gspo/gapo: eps_low as eps_high",
+     LOSS),
+    # loss(): padding, constants, the in-loss KL
+    (LP, "torch.where(m, logp, 0.0), torch.where(m, old_logp",
+     "logp * m, torch.where(m, old_logp", "loss multiplies padding logp by 0", LOSS),
+    (LP, "torch.where(m, old_logp.detach(), 0.0)", "torch.where(m, old_logp, 0.0)",
+     "loss: old_logp not detached", LOSS),
+    (LP, "torch.where(m, ref_logp.detach(), 0.0)", "torch.where(m, ref_logp, 0.0)",
+     "loss: ref_logp not detached", LOSS),
+    (LP, "adv.detach(), m, hp, **kw)", "adv, m, hp, **kw)", "loss: advantages not detached",
+     LOSS),
+    (LP, '0.0), hp["kl_estimator"])', '0.0), "k3")', "loss: in-loss KL ignores kl_estimator",
+     LOSS),
+    (LP, 'kl = kl_estimate(logp, torch.where(m, ref_logp.detach(), 0.0), hp["kl_estimator"])',
+     'kl = kl_estimate(torch.where(m, ref_logp.detach(), 0.0), logp, hp["kl_estimator"])',
+     "loss: in-loss KL(ref || pi), arguments swapped", LOSS),
+    (LP, 'out = out + hp["beta"] * aggregate(', 'out = out - hp["beta"] * aggregate(',
+     "loss: in-loss KL sign", LOSS),
+    (LP, 'hp["beta"] * aggregate(kl, m, row.agg, **counts)',
+     'hp["beta"] * aggregate(kl, m, SUM, **counts)',
+     "loss: in-loss KL summed over tokens, not the row's aggregation", LOSS),
+    # aggregate
+    (LP, "n_seqs = n_seqs or mask.shape[0]", "n_seqs = mask.shape[0]",
+     "aggregate: ignores the global n_seqs", LOSS),
+    (LP, "masked_mean(x, mask, dim=1)).sum() / n_seqs",
+     "masked_sum(x, mask, dim=1)).sum() / n_seqs",
+     "aggregate SEQ: token sum, not the per-sequence mean", LOSS),
+    (LP, "masked_sum(x, mask) / (n_tokens or mask.bool().sum().clamp_min(1))",
+     "masked_sum(x, mask) / mask.bool().sum().clamp_min(1)",
+     "aggregate TOK: ignores the global n_tokens", LOSS),
+    (LP, "(n_seqs * (max_len or mask.shape[1]))", "(n_seqs * mask.shape[1])",
+     "aggregate NORM: batch width, not max_new_tokens (dr_grpo)", LOSS),
+    # the objectives
+    (LP, 'obj = obj + hp["ent_coef"] * entropy', 'obj = obj - hp["ent_coef"] * entropy',
+     "ppo: entropy bonus sign", LOSS),
     (LP, "err = torch.maximum(err, (v_clip - returns) ** 2)",
-     "err = torch.minimum(err, (v_clip - returns) ** 2)", "ppo: value clip takes the smaller error"),
+     "err = torch.minimum(err, (v_clip - returns) ** 2)",
+     "ppo: value clip takes the smaller error", LOSS),
     (LP, '.clamp(-hp["vf_clip"], hp["vf_clip"])', '.clamp(-2 * hp["vf_clip"], 2 * hp["vf_clip"])',
-     "ppo: value clip range doubled"),
-    (LP, "vf = 0.5 * err", "vf = err", "ppo: value loss without 1/2"),
+     "ppo: value clip range doubled", LOSS),
+    (LP, 'obj = obj - hp["vf_coef"] * 0.5 * err', 'obj = obj - hp["vf_coef"] * err',
+     "ppo: value loss without 1/2", LOSS),
     (LP, "old_values.detach(), returns.detach()", "old_values.detach(), returns",
-     "ppo: returns not detached"),
-    (LP, 'obj = pg - hp["vf_coef"] * vf', 'obj = pg - hp["vf_clip"] * vf', "ppo: vf_clip used as vf_coef"),
-    (LP, "n = n_tokens or m.sum().clamp_min(1)", "n = n_seqs or m.shape[0]",
-     "ppo: divides by sequences"),
-    (LP, "obj = obj - masked_mean(kl, m, dim=1)", "obj = obj - masked_sum(kl, m, dim=1)",
-     "gspo/gapo: KL summed over tokens"),
-    (LP, 'clip_objective(s, adv.detach(), hp["eps_low"]', 'clip_objective(s, adv, hp["eps_low"]',
-     "gspo/gapo: advantages not detached"),
-    (LP, "return -obj.sum() / (n_seqs or m.shape[0]), stats",
-     "return -obj.sum() / m.shape[0], stats",
-     "gspo/gapo: ignore the global n_seqs"),
-    (LP, 'adv.detach(), hp["eps_low"], hp["eps_high"], hp["clip_c"])',
-     'adv.detach(), hp["eps_low"], hp["eps_low"], hp["clip_c"])', "gspo/gapo: eps_low as eps_high"),
-    (LP, "adv = torch.where((c > 0) & (c < group_size), adv, 0.0)", "adv = torch.where(c > 0, adv, 0.0)",
-     "gapo: all-correct groups keep their advantage"),
-    (LP, 'eps_high = gapo_eps_high(c, group_size, hp["eps_low"], hp["eps_high"])',
-     'eps_high = gapo_eps_high(group_size - c, group_size, hp["eps_low"], hp["eps_high"])',
-     "gapo: bound reversed in c"),
-    (LP, 'tau = torch.where(adv > 0, hp["tau_pos"], hp["tau_neg"])',
-     'tau = torch.where(adv > 0, hp["tau_neg"], hp["tau_pos"])', "sapo: tau_pos / tau_neg swapped"),
-    (LP, "obj = 4 / tau * torch.sigmoid", "obj = 2 / tau * torch.sigmoid", "sapo: gate scale 2/tau"),
-    (LP, "return -masked_mean(obj, m, dim=1).sum() / (n_seqs or m.shape[0]), _stats(ratio, m)\n",
-     "return -masked_sum(obj, m) / (n_tokens or m.sum()), _stats(ratio, m)\n",
-     "sapo: token mean over the batch"),
-    (LP, 'obj = ratio.clamp(max=hp["eps_max"]).detach() * adv',
-     'obj = ratio.clamp(max=hp["eps_max"]) * adv',
-     "cispo: weight not detached"),
-    (LP, 'obj = ratio.clamp(max=hp["eps_max"]).detach() * adv', "obj = ratio.detach() * adv",
-     "cispo: weight not capped"),
-    (LP, "* adv * logp - kl  # (B, T)", "* adv * logp + kl  # (B, T)", "cispo: KL sign"),
-    (LP, "w = torch.exp(d.cumsum(1) / t)", "w = torch.exp(d.cumsum(1))", "pnpo: prefix ratio a product"),
+     "ppo: returns not detached", LOSS),
+    (LP, 'obj = obj - hp["vf_coef"] * 0.5 * err', 'obj = obj - hp["vf_clip"] * 0.5 * err',
+     "ppo: vf_clip used as vf_coef", LOSS),
+    (LP, "adv = torch.where((c > 0) & (c < G), adv, 0.0)", "adv = torch.where(c > 0, adv, 0.0)",
+     "gapo: all-correct groups keep their advantage", LOSS),
+    (LP, "* (G - c) / (G - 1)", "* (G - c) / G", "gapo: eps_high bound divides by G", LOSS),
+    (LP, 'hp["eps_low"]) * (G - c)', 'hp["eps_low"]) * c', "gapo: bound reversed in c", LOSS),
+    (LP, "dict(hp, eps_high=eps_high))", "hp)", "gapo: calls gspo without its own eps_high",
+     LOSS),
+    (LP, 'tau = torch.where(A > 0, hp["tau_pos"], hp["tau_neg"])',
+     'tau = torch.where(A > 0, hp["tau_neg"], hp["tau_pos"])', "sapo: tau_pos / tau_neg swapped",
+     LOSS),
+    (LP, "return 4 / tau * torch.sigmoid", "return 2 / tau * torch.sigmoid",
+     "sapo: gate scale 2/tau", LOSS),
+    (LP, 'obj = ratio.clamp(max=hp["eps_max"]).detach() * _tok(adv, m) * logp',
+     'obj = ratio.clamp(max=hp["eps_max"]) * _tok(adv, m) * logp',
+     "cispo: weight not detached", LOSS),
+    (LP, 'obj = ratio.clamp(max=hp["eps_max"]).detach() * _tok(adv, m) * logp',
+     "obj = ratio.detach() * _tok(adv, m) * logp", "cispo: weight not capped", LOSS),
+    (LP, "w = torch.exp(d.cumsum(1) / t)", "w = torch.exp(d.cumsum(1))",
+     "pnpo: prefix ratio a product", LOSS),
     (LP, "h = torch.sqrt(m.sum(1, keepdim=True) / t)", "h = torch.sqrt(t / m.sum(1, keepdim=True))",
-     "pnpo: length weight inverted"),
+     "pnpo: length weight inverted", LOSS),
     (LP, 'low, high = w < 1 - hp["eps_low"] * h, w > 1 + hp["eps_high"] * h',
-     'low, high = w < 1 - hp["eps_high"] * h, w > 1 + hp["eps_low"] * h', "pnpo: eps_low / eps_high swapped"),
-    (LP, "torch.where(low | high, 0.0, w * adv * logp)", "torch.where(high, 0.0, w * adv * logp)",
-     "pnpo: no lower gate"),
+     'low, high = w < 1 - hp["eps_high"] * h, w > 1 + hp["eps_low"] * h',
+     "pnpo: eps_low / eps_high swapped", LOSS),
+    (LP, "torch.where(low | high, 0.0, w *", "torch.where(high, 0.0, w *",
+     "pnpo: no lower gate", LOSS),
     (LP, "d = (logp - old_logp).detach()", "d = logp - old_logp",
-     "pnpo: prefix weight not detached"),
-    (LP, "torch.arange(1, m.shape[1] + 1, device=m.device)",
-     "torch.arange(2, m.shape[1] + 2, device=m.device)", "pnpo: t counted from 2"),
-    # gmpo, dppo, maxrl
+     "pnpo: prefix weight not detached", LOSS),
+    (LP, "t = m.cumsum(1).clamp_min(1)", "t = m.cumsum(1) + 1", "pnpo: t counted from 2", LOSS),
+    (LP, "t = m.cumsum(1).clamp_min(1)", "t = torch.arange(1, m.shape[1] + 1, device=m.device)",
+     "pnpo: t counts the environment's tokens too", PNPO_GAP + LOSS),
     (LP, "ell = torch.where(A > 0, torch.minimum(d, lim), torch.maximum(d, lim))",
-     "ell = torch.where(A > 0, torch.maximum(d, lim), torch.minimum(d, lim))", "gmpo: clip sides swapped"),
+     "ell = torch.where(A > 0, torch.maximum(d, lim), torch.minimum(d, lim))",
+     "gmpo: clip sides swapped", LOSS),
     (LP, "ell = torch.where(A > 0, torch.minimum(d, lim), torch.maximum(d, lim))", "ell = lim",
-     "gmpo: every token clamped (no sign-aware min/max)"),
-    (LP, "obj = torch.exp(masked_mean(ell, m, dim=1)) * adv.detach()",
-     "obj = torch.exp(masked_sum(ell, m, dim=1)) * adv.detach()", "gmpo: product, not geometric mean"),
-    (LP, "low, high = (A <= 0) & (d < -hp[\"eps_low\"]), (A > 0) & (d > hp[\"eps_high\"])  # gradient cut",
-     "low, high = (A <= 0) & (d < -hp[\"eps_high\"]), (A > 0) & (d > hp[\"eps_low\"])  # gradient cut",
-     "gmpo: clip fractions with swapped eps"),
+     "gmpo: every token clamped (no sign-aware min/max)", LOSS),
+    (LP, "return torch.exp(masked_mean(ell, m, dim=1)) * adv",
+     "return torch.exp(masked_sum(ell, m, dim=1)) * adv", "gmpo: product, not geometric mean",
+     LOSS),
+    (LP, 'low, high = (A <= 0) & (d < -hp["eps_low"]), (A > 0) & (d > hp["eps_high"])',
+     'low, high = (A <= 0) & (d < -hp["eps_high"]), (A > 0) & (d > hp["eps_low"])',
+     "gmpo: clip fractions with swapped eps", LOSS),
     (LP, "dp = (logp.exp() - old_logp.exp()).detach()", "dp = (logp - old_logp).detach()",
-     "dppo: log-ratio instead of probability change"),
-    (LP, "low, high = (adv <= 0) & (dp < -hp[\"delta\"]), (adv > 0) & (dp > hp[\"delta\"])",
-     "low, high = (adv <= 0) & (dp > hp[\"delta\"]), (adv > 0) & (dp < -hp[\"delta\"])",
-     "dppo: trust region on the wrong sides"),
-    (LP, "ratio.clamp(max=hp[\"is_cap\"]).detach() * adv * logp", "ratio.detach() * adv * logp",
-     "dppo: weight not capped"),
-    (LP, "ratio.clamp(max=hp[\"is_cap\"]).detach() * adv * logp",
-     "ratio.clamp(max=hp[\"is_cap\"]) * adv * logp",
-     "dppo: weight not detached"),
-    (LP, "* adv * logp) - kl\n    return -masked_sum(obj, m) / (n_tokens or m.sum().clamp_min(1))",
-     "* adv * logp) - kl\n    return -masked_sum(obj, m) / (n_seqs or m.shape[0])",
-     "dppo: divided by sequences, not tokens"),
-    (LP, "return -masked_mean(adv * logp, m, dim=1).sum() / (n_seqs or m.shape[0]), _stats(ratio, m)",
-     "return -masked_sum(adv * logp, m) / (n_seqs or m.shape[0]), _stats(ratio, m)",
-     "maxrl: token sum, not the per-sequence mean"),
-    (LP, "adv = torch.where(mean > 0, centred / torch.where(mean > 0, mean, 1.0), 0.0)",
-     "adv = torch.where(mean > 0, centred, 0.0)", "maxrl advantage: not divided by the pass rate"),
-    (LP, "adv = torch.where(mean > 0, centred / torch.where(mean > 0, mean, 1.0), 0.0)",
-     "adv = centred / torch.where(mean > 0, mean, 1.0)", "maxrl advantage: mean <= 0 not zeroed"),
-    # clip_cov, kl_cov, reinforce_pp, remax
-    (LP, "cov = (adv - masked_mean(adv, m)) * (logp - masked_mean(logp, m))", "cov = adv * logp",
-     "cov_select: covariance not centred"),
-    (LP, "(m & ~low & ~high & (cov", "(m & (cov", "cov_select: clip_cov takes tokens the clip already cut"),
-    (LP, "n = max(int(hp[\"cov_ratio\"] * int(m.sum())), 1)", "n = int(hp[\"cov_ratio\"] * int(m.sum()))",
-     "cov_select: no minimum of one token"),
-    (LP, "obj = torch.where(cov_mask.bool(), 0.0, obj)", "obj = obj",
-     "clip_cov: chosen tokens keep their loss"),
-    (LP, "hp[\"cov_kl_coef\"] * (logp - old_logp).abs()", "hp[\"cov_kl_coef\"] * (logp - old_logp)",
-     "kl_cov: signed, not absolute, log-ratio penalty"),
-    (LP, "hp[\"cov_kl_coef\"] * (logp - old_logp).abs()",
-     "hp[\"cov_kl_coef\"] * (logp - old_logp).abs().detach()",
-     "kl_cov: penalty without gradient"),
-    (LP, "obj, low, high = clip_objective(ratio, adv, hp[\"eps_low\"], hp[\"eps_high\"])\n    return",
-     "obj, low, high = clip_objective(ratio, adv, hp[\"eps_high\"], hp[\"eps_low\"])\n    return",
-     "reinforce_pp: clip bounds swapped"),
-    (LP, "return -masked_sum(adv * logp, m) / (n_tokens or m.sum().clamp_min(1)), _stats(ratio, m)",
-     "return -masked_sum(adv * logp, m) / (n_seqs or m.shape[0]), _stats(ratio, m)",
-     "remax: divided by sequences, not tokens"),
-    ("rl.py", 'R = L.group_advantages(R.view(-1, G), "mean").flatten()',
+     "dppo: log-ratio instead of probability change", LOSS),
+    (LP, 'low, high = (A <= 0) & (dp < -hp["delta"]), (A > 0) & (dp > hp["delta"])',
+     'low, high = (A <= 0) & (dp > hp["delta"]), (A > 0) & (dp < -hp["delta"])',
+     "dppo: trust region on the wrong sides", LOSS),
+    (LP, 'ratio.clamp(max=hp["is_cap"]).detach() * A * logp', "ratio.detach() * A * logp",
+     "dppo: weight not capped", LOSS),
+    (LP, 'ratio.clamp(max=hp["is_cap"]).detach() * A * logp',
+     'ratio.clamp(max=hp["is_cap"]) * A * logp', "dppo: weight not detached", LOSS),
+    (LP, "torch.where(cov_mask.bool(), 0.0, obj)", "obj", "clip_cov: chosen tokens keep their loss",
+     LOSS),
+    (LP, 'hp["cov_kl_coef"] * (logp - old_logp).abs()', 'hp["cov_kl_coef"] * (logp - old_logp)',
+     "kl_cov: signed, not absolute, log-ratio penalty", LOSS),
+    (LP, 'hp["cov_kl_coef"] * (logp - old_logp).abs()',
+     'hp["cov_kl_coef"] * (logp - old_logp).abs().detach()', "kl_cov: penalty without gradient",
+     LOSS),
+    (LP, "return ratio * _tok(adv, m), _stats(ratio, m)",
+     "return _tok(adv, m) * logp, _stats(ratio, m)", "opd (ratio_pg): A logp, not rA", OFF),
+    (LP, "div = kl(lp, lq) if b == 1 else kl(lq, lp)", "div = kl(lq, lp) if b == 1 else kl(lp, lq)",
+     "gkd: gkd_beta 1 takes the forward KL", OFF),
+    (LP, "div = b * kl(lq, lm) + (1 - b) * kl(lp, lm)",
+     "div = (1 - b) * kl(lq, lm) + b * kl(lp, lm)", "gkd: JSD weights swapped", OFF),
+    # cov selection
+    ("nanorl/cov.py", "cov = (adv - L.masked_mean(adv, m)) * (logp - L.masked_mean(logp, m))",
+     "cov = adv * logp", "cov_select: covariance not centred", LOSS),
+    ("nanorl/cov.py", "ok = m & ~low & ~high & (cov", "ok = m & (cov",
+     "cov_select: clip_cov takes tokens the clip already cut", LOSS),
+    ("nanorl/cov.py", 'n = max(int(hp["cov_ratio"] * int(m.sum())), 1)',
+     'n = int(hp["cov_ratio"] * int(m.sum()))', "cov_select: no minimum of one token", LOSS),
+    # the ALGOS rows: advantage and aggregation columns
+    (LP, '"grpo": Algo(clip, "std"', '"grpo": Algo(clip, "mean"',
+     "ALGOS: grpo gets the mean advantage", ADV),
+    (LP, '"rloo": Algo(pg, "rloo"', '"rloo": Algo(pg, "mean"',
+     "ALGOS: rloo gets the mean advantage", ADV),
+    (LP, '"dr_grpo": Algo(clip, "mean"', '"dr_grpo": Algo(clip, "std"',
+     "ALGOS: dr_grpo gets the std advantage", ADV),
+    (LP, '"gapo": Algo(gapo, "mean"', '"gapo": Algo(gapo, "std"',
+     "ALGOS: gapo gets the std advantage", ADV),
+    (LP, '"reinforce_pp": Algo(clip, "rpp"', '"reinforce_pp": Algo(clip, "std"',
+     "ALGOS: reinforce_pp gets GRPO's advantage", ADV),
+    (LP, '"reinforce_pp": Algo(clip, "rpp"', '"reinforce_pp": Algo(pg, "rpp"',
+     "ALGOS: reinforce_pp without its clip", LOSS),
+    (LP, '"dapo": Algo(clip, "std", "loss", TOK, overlong=2,',
+     '"dapo": Algo(clip, "std", "loss", TOK, overlong=0,',
+     "ALGOS: dapo without overlong shaping", ADV),
+    (LP, '"reinforce": Algo(pg, "mean", "reward", SUM',
+     '"reinforce": Algo(pg, "mean", "reward", TOK',
+     "ALGOS: reinforce divides by tokens", LOSS),
+    (LP, '"grpo": Algo(clip, "std", "loss", SEQ', '"grpo": Algo(clip, "std", "loss", SUM',
+     "ALGOS: grpo sums tokens, no per-sequence mean", LOSS),
+    (LP, '"dapo": Algo(clip, "std", "loss", TOK', '"dapo": Algo(clip, "std", "loss", SUM',
+     "ALGOS: dapo divides by sequences, not tokens", LOSS),
+    (LP, '"ppo": Algo(ppo, "gae", "reward", TOK', '"ppo": Algo(ppo, "gae", "reward", SUM',
+     "ALGOS: ppo divides by sequences", LOSS),
+    (LP, '"sapo": Algo(sapo, "std", "loss", SEQ', '"sapo": Algo(sapo, "std", "loss", TOK',
+     "ALGOS: sapo a token mean over the batch", LOSS),
+    (LP, '"dppo": Algo(dppo, "std", "loss", TOK', '"dppo": Algo(dppo, "std", "loss", SUM',
+     "ALGOS: dppo divides by sequences, not tokens", LOSS),
+    (LP, '"maxrl": Algo(pg, "maxrl", None, SEQ', '"maxrl": Algo(pg, "maxrl", None, SUM',
+     "ALGOS: maxrl token sum, not the per-sequence mean", LOSS),
+    (LP, '"remax": Algo(pg, "greedy", "reward", TOK', '"remax": Algo(pg, "greedy", "reward", SUM',
+     "ALGOS: remax divides by sequences, not tokens", LOSS),
+    # rl.advantages, rl.token_advantages
+    (RL, 'R = L.group_advantages(R.view(-1, G), "mean").flatten()',
      'R = L.group_advantages(R.view(-1, G), "std").flatten()',
-     "advantages: reinforce_pp_baseline divides by the group std"),
-    ("rl.py", "if gae else (1.0, 1.0)))", "if gae else (1.0, 0.0)))",
-     "advantages: reinforce_pp one-step rewards, not returns to go"),
-    ("rl.py", 'return R - batch["baseline"], {}', "return R, {}",
-     "advantages: remax without its greedy baseline"),
-    (LP, 'Algo(reinforce_pp, "pg", "rpp"', 'Algo(reinforce_pp, "pg", "std"',
-     "ALGOS: reinforce_pp gets GRPO's advantage"),
-    # simpo, orpo
-    (LP, "(-F.logsigmoid(m - gamma_beta_ratio * beta) - rpo_alpha * a_c)",
-     "(-F.logsigmoid(m + gamma_beta_ratio * beta) - rpo_alpha * a_c)", "simpo: target margin added"),
-    (LP, "(-F.logsigmoid(m - gamma_beta_ratio * beta) - rpo_alpha * a_c)",
-     "(-F.logsigmoid(m - gamma_beta_ratio * beta) + rpo_alpha * a_c)", "simpo: rpo NLL sign"),
-    (LP, "a_c, a_r = pi_chosen / chosen_len, pi_rejected / rejected_len           # (B,) each\n",
-     "a_c, a_r = pi_chosen, pi_rejected\n", "simpo: sequence sums, not length-normalised"),
-    (LP, "return (-a_c - lam * F.logsigmoid(log_odds)).mean(), stats",
-     "return (a_c - lam * F.logsigmoid(log_odds)).mean(), stats", "orpo: NLL sign"),
-    (LP, "log_odds = (a_c - a_r) - (log1mexp(a_c) - log1mexp(a_r))", "log_odds = a_c - a_r",
-     "orpo: log-probability ratio, not log-odds ratio"),
-    (LP, "return (-a_c - lam * F.logsigmoid(log_odds)).mean(), stats",
-     "return (-a_c - F.logsigmoid(log_odds)).mean(), stats", "orpo: lambda ignored"),
-    # preference losses, baselines
-    (LP, "- label_smoothing * F.logsigmoid(-beta * m)", "+ label_smoothing * F.logsigmoid(-beta * m)",
-     "dpo: label smoothing sign"),
-    (LP, "-(1 - label_smoothing) * F.logsigmoid(beta * m)", "-F.logsigmoid(beta * m)",
-     "dpo: no (1 - eps) weight"),
-    (LP, "per_pair = (m - 1 / (2 * beta)) ** 2", "per_pair = (m - 1 / beta) ** 2",
-     "ipo: target margin 1/beta"),
-    (LP, "per_pair = per_pair - rpo_alpha * pi_chosen / chosen_len",
-     "per_pair = per_pair + rpo_alpha * pi_chosen / chosen_len", "dpo: rpo NLL sign"),
-    (LP, "m = chosen - rejected", "m = rejected - chosen", "dpo: margin sign"),
-    (LP, "chosen, rejected = pi_chosen - ref_chosen, pi_rejected - ref_rejected",
+     "advantages: reinforce_pp_baseline divides by the group std", ADV),
+    (RL, "if gae else (1.0, 1.0)))", "if gae else (1.0, 0.0)))",
+     "advantages: reinforce_pp one-step rewards, not returns to go", ADV),
+    (RL, "return R - b.baseline, {}",
+     "return R, {}", "advantages: remax without its greedy baseline",
+     ADV),
+    (RL, 'ref_lp if hp["beta"] else b.old', "ref_lp",
+     "advantages: ppo needs a reference at beta 0", ADV),
+    (RL, '(hp["gamma"], hp["lam"])', '(hp["lam"], hp["gamma"])', "advantages: gamma / lam swapped",
+     ADV),
+    (RL, "adv = L.whiten(adv, b.mask, s / n, s2 / n - (s / n) ** 2)", "adv = adv",
+     "advantages: ppo not whitened", ADV),
+    (RL, "dict(old_values=v, returns=ret)", "dict(old_values=v, returns=adv)",
+     "advantages: ppo returns are the advantages", ADV),
+    (RL, 'if row.kl == "reward" and hp["beta"]:', 'if row.kl == "reward" and hp["beta"] < 0:',
+     "advantages: reinforce KL in reward skipped", ADV),
+    (RL, 'b.mask, hp["beta"]).sum(1)', 'b.mask, hp["beta"]).mean(1)',
+     "advantages: KL in reward averaged over T", ADV),
+    (RL, 'R = L.kl_in_reward(R, b.old, ref_lp, b.mask,',
+     'R = L.kl_in_reward(R, b.old, ref_lp, torch.ones_like(b.mask),',
+     "advantages: KL counts padding", ADV),
+    (RL, ".sum(1).repeat_interleave(G)", ".sum(1).repeat(G)", "advantages: gapo counts misaligned",
+     ADV),
+    # rl.rollout, rl.accumulate
+    (RL, 'o["action_mask"][:, P:]', 'o["action_mask"][:, P - 1:-1]',
+     "rollout: action mask off by one", TOOL_ROLLOUT + MISMATCH),
+    (RL, 'length=o["response_mask"][:, P:].sum(1)', 'length=o["action_mask"][:, P:].sum(1)',
+     "rollout: a response's length without the environment's tokens", TOOL_ROLLOUT),
+    (RL, "key = (r // G, *ids)", "key = tuple(ids)",
+     "rollout: grading key without the prompt index", GRADE),
+    (RL, "lp, b.old[ub], adv[ub]", "lp, b.mu[ub], adv[ub]",
+     "accumulate: the ratio anchored at mu, not the recomputed pi_old", OFF),
+    (RL, "d = (lp.detach() - b.mu[ub])", "d = (lp.detach() - b.old[ub])",
+     "accumulate: logp_mismatch against pi_old, not mu", OFF),
+    (RL, "d = (lp.detach() - b.mu[ub]).abs() * m", "d = (lp.detach() - b.mu[ub]).abs()",
+     "accumulate: logp_mismatch counts tokens off the action mask", OFF_MASK),
+    (RL, "if cfg.staleness or cfg.sampler_bf16 or cfg.bf16:", "if cfg.staleness or cfg.bf16:",
+     "prepare: a bf16 sampler's pi_old not recomputed", OFF),
+    (RL, "if cfg.staleness or cfg.sampler_bf16 or cfg.bf16:",
+     "if cfg.staleness or cfg.sampler_bf16:", "prepare: a bf16 run's pi_old not recomputed",
+     ("tests/test_offpolicy.py::test_a_bf16_run_trains_from_the_trainers_pi_old",)),
+    # off-policy, distillation
+    (OP, "return queue.popleft() if len(queue) > k else False",
+     "return queue.pop() if len(queue) > k else False",
+     "delay: trains on this step's rollout, not k steps earlier", OFF),
+    (OP, "b.mask, cfg.temperature, rows=cfg.micro_batch_size)[0]",
+     "b.mask, 1.0, rows=cfg.micro_batch_size)[0]",
+     "recompute: pi_old at temperature 1, not the sampling temperature", AT_TEMPERATURE + OFF),
+    (OP, "gap = L.masked_sum(b.old - b.mu, b.mask, 1).abs()",
+     "gap = L.masked_mean(b.old - b.mu, b.mask, 1).abs()",
+     "recompute: the pi_old / mu gap a token mean, not the sequence sum", OFF),
+    (OP, "x = torch.where(m, old_logp - mu_logp, 0.0)",
+     "x = torch.where(m, mu_logp - old_logp, 0.0)",
+     "rollout_weights: rho = mu / pi_old", OFF),
+    (OP, 'x.sum(1, keepdim=True) if kind == "seq_tis"',
+     'x.mean(1, keepdim=True) if kind == "seq_tis"',
+     "rollout_weights: seq_tis a geometric mean, not the product", OFF),
+    (OP, "cut, w = rho > cap, rho.clamp(max=cap)", "cut, w = rho > cap, rho",
+     "rollout_weights: tis not capped", OFF),
+    (OP, "cut = (rho > high) | (rho < low) if", "cut = (rho > high) if",
+     "rollout_weights: icepop keeps the low ratios", OFF),
+    (OP, 'return adv * w[:, 0], {"rl/is_capped_frac"', 'return adv, {"rl/is_capped_frac"',
+     "weigh: a sequence-ratio row left unweighted", OFF),
+    (DI, "-(b.old - teacher_lp).clamp(-bound, bound)", "(b.old - teacher_lp).clamp(-bound, bound)",
+     "distill: teacher advantage sign", OFF),
+    (DI, "-(b.old - teacher_lp).clamp(-bound, bound)", "-(b.mu - teacher_lp).clamp(-bound, bound)",
+     "distill: advantage from mu, not the recomputed pi_old", OFF),
+    (DI, "-(b.old - teacher_lp).clamp(-bound, bound)", "-(b.old - teacher_lp)",
+     "distill: teacher advantage not clamped", OFF),
+    (DI, "b.ids, b.offsets, b.mask, cfg.temperature,", "b.ids, b.offsets, b.mask, 1.0,",
+     "distill: the teacher at temperature 1, not the sampling temperature", OFF),
+    # preference losses (nanorl/pref.py), log1mexp, rm
+    (PF, "(-F.logsigmoid(m - gamma_beta_ratio * beta) - rpo_alpha * a_c)",
+     "(-F.logsigmoid(m + gamma_beta_ratio * beta) - rpo_alpha * a_c)",
+     "simpo: target margin added", PREF),
+    (PF, "(-F.logsigmoid(m - gamma_beta_ratio * beta) - rpo_alpha * a_c)",
+     "(-F.logsigmoid(m - gamma_beta_ratio * beta) + rpo_alpha * a_c)", "simpo: rpo NLL sign",
+     PREF),
+    (PF, "a_c, a_r = pi_chosen / chosen_len, pi_rejected / rejected_len  # (B,) each\n",
+     "a_c, a_r = pi_chosen, pi_rejected\n", "simpo: sequence sums, not length-normalised", PREF),
+    (PF, "return (-a_c - lam * F.logsigmoid(log_odds)).mean(), stats",
+     "return (a_c - lam * F.logsigmoid(log_odds)).mean(), stats", "orpo: NLL sign", PREF),
+    (PF, "log_odds = (a_c - a_r) - (log1mexp(a_c) - log1mexp(a_r))", "log_odds = a_c - a_r",
+     "orpo: log-probability ratio, not log-odds ratio", PREF),
+    (PF, "return (-a_c - lam * F.logsigmoid(log_odds)).mean(), stats",
+     "return (-a_c - F.logsigmoid(log_odds)).mean(), stats", "orpo: lambda ignored", PREF),
+    (PF, "torch.where(a > -0.6931, torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))",
+     "torch.where(a > -0.6931, torch.log1p(-torch.exp(a)), torch.log(-torch.expm1(a)))",
+     "log1mexp: its two branches swapped", LOSS),
+    (PF, "a = a.clamp(max=-1e-6)", "a = a", "log1mexp: a = 0 not clamped (orpo's -inf)",
+     PREF + LOSS),
+    (PF, "- label_smoothing * F.logsigmoid(-beta * m)",
+     "+ label_smoothing * F.logsigmoid(-beta * m)",
+     "dpo: label smoothing sign", PREF),
+    (PF, "-(1 - label_smoothing) * F.logsigmoid(beta * m)", "-F.logsigmoid(beta * m)",
+     "dpo: no (1 - eps) weight", PREF),
+    (PF, "per_pair = (m - 1 / (2 * beta)) ** 2", "per_pair = (m - 1 / beta) ** 2",
+     "ipo: target margin 1/beta", PREF),
+    (PF, "per_pair = per_pair - rpo_alpha * pi_chosen / chosen_len",
+     "per_pair = per_pair + rpo_alpha * pi_chosen / chosen_len", "dpo: rpo NLL sign", PREF),
+    (PF, "m = chosen - rejected", "m = rejected - chosen", "dpo: margin sign", PREF),
+    (PF, "chosen, rejected = pi_chosen - ref_chosen, pi_rejected - ref_rejected",
      "chosen, rejected = pi_chosen - ref_rejected, pi_rejected - ref_chosen",
-     "dpo: references swapped (stats)"),
-    (LP, "lambda_d * (1 - torch.sigmoid(beta * (r - z))),\n                      lambda_u * (1",
+     "dpo: references swapped (stats)", PREF),
+    (PF, "lambda_d * (1 - torch.sigmoid(beta * (r - z))),\n                      lambda_u * (1",
      "lambda_u * (1 - torch.sigmoid(beta * (r - z))),\n                      lambda_d * (1",
-     "kto: lambda_d / lambda_u swapped"),
-    (LP, ".mean().clamp_min(0).detach()", ".mean().detach()", "kto: z not clamped at 0"),
-    (LP, ".mean().clamp_min(0).detach()", ".mean().clamp_min(0)", "kto: z not detached"),
-    (LP, "lambda_u * (1 - torch.sigmoid(beta * (z - r)))", "lambda_u * (1 - torch.sigmoid(beta * (r - z)))",
-     "kto: undesirable sign"),
-    (LP, "rpo_alpha * torch.where(d, pi_logp / length, 0.0)", "rpo_alpha * pi_logp / length",
-     "kto: rpo NLL on undesirable answers too"),
-    (LP, "return per.mean(), stats", "return per.sum(), stats", "kto: sum, not mean over answers"),
-    (LP, "-F.logsigmoid(d).mean()", "-F.logsigmoid(-d).mean()", "bt_loss: sign"),
-    (LP, "loss = -masked_sum(logp, m) / (n_tokens or m.sum().clamp_min(1))",
-     "loss = -masked_sum(logp, m) / (n_tokens or m.shape[0])", "nll_loss: divides by sequences"),
-    (LP, 'Algo(rloo, "pg", "rloo"', 'Algo(rloo, "pg", "mean"', "ALGOS: rloo gets the mean advantage"),
-    (LP, 'Algo(dr_grpo, "pg", "mean"', 'Algo(dr_grpo, "pg", "std"', "ALGOS: dr_grpo gets the std advantage"),
-    (LP, 'Algo(gapo, "pg", "mean"', 'Algo(gapo, "pg", "std"', "ALGOS: gapo gets the std advantage"),
-    # rl.advantages
-    ("rl.py", 'ref_logp if hp["beta"] else lp', "ref_logp", "advantages: ppo needs a reference at beta 0"),
-    ("rl.py", 'hp["gamma"], hp["lam"])', 'hp["lam"], hp["gamma"])', "advantages: gamma / lam swapped"),
-    ("rl.py", "adv = L.whiten(adv, mask, s / n, s2 / n - (s / n) ** 2)", "adv = adv",
-     "advantages: ppo not whitened"),
-    ("rl.py", 'dict(old_values=v, returns=returns)', 'dict(old_values=v, returns=adv)',
-     "advantages: ppo returns are the advantages"),
-    ("rl.py", 'and hp["beta"] > 0:', 'and hp["beta"] < 0:', "advantages: reinforce KL in reward skipped"),
-    ("rl.py", 'ref_logp, mask, hp["beta"]).sum(1)', 'ref_logp, mask, hp["beta"]).mean(1)',
-     "advantages: KL in reward averaged over T"),
-    ("rl.py", 'R = L.kl_in_reward(R, batch["logps"], ref_logp, mask,',
-     'R = L.kl_in_reward(R, batch["logps"], ref_logp, torch.ones_like(mask),',
-     "advantages: KL counts padding"),
-    (LP, 'Algo(grpo, "pg", "std"', 'Algo(grpo, "pg", "mean"', "ALGOS: grpo gets the mean advantage"),
-    (LP, 'Algo(dapo, "pg", "std", 2,', 'Algo(dapo, "pg", "std", 0,', "ALGOS: dapo without overlong shaping"),
-    ("rl.py", ".sum(1).repeat_interleave(G)", ".sum(1).repeat(G)", "advantages: gapo counts misaligned"),
-    ("rl.py", 'mask = batch["response_mask"][:, batch["prompt_len"]:]  # (N, L)\n    if kind',
-     'mask = batch["response_mask"][:, batch["prompt_len"] - 1:-1]  # (N, L)\n    if kind',
-     "advantages: response mask off by one"),
+     "kto: lambda_d / lambda_u swapped", PREF),
+    (PF, ".mean().clamp_min(0).detach()", ".mean().detach()", "kto: z not clamped at 0", PREF),
+    (PF, ".mean().clamp_min(0).detach()", ".mean().clamp_min(0)", "kto: z not detached", PREF),
+    (PF, "lambda_u * (1 - torch.sigmoid(beta * (z - r)))",
+     "lambda_u * (1 - torch.sigmoid(beta * (r - z)))", "kto: undesirable sign", PREF),
+    (PF, "rpo_alpha * torch.where(d, pi_logp / length, 0.0)", "rpo_alpha * pi_logp / length",
+     "kto: rpo NLL on undesirable answers too", PREF),
+    (PF, "return per.mean(), {", "return per.sum(), {", "kto: sum, not mean over answers", PREF),
+    (PF, "(n_tokens or m.sum().clamp_min(1))", "(n_tokens or m.shape[0])",
+     "nll_loss: divides by sequences", LOSS),
+    ("nanorl/rm.py", "-torch.nn.functional.logsigmoid(d).mean()",
+     "-torch.nn.functional.logsigmoid(-d).mean()", "bt_loss: sign", LOSS),
+    # the sampler's prefix key, response_forward's grouping key
+    (MD, "key = torch.where(done, -1, node * V + tok)", "key = torch.where(done, -1, tok)",
+     "generate: live rows keyed by their token, not (prefix, token)", MODEL),
+    (MD, "key = torch.where(done, -1, node * V + tok)", "key = node * V + tok",
+     "generate: finished rows keep a live prefix", MODEL),
+    (MD, "parent, node = live // V, node - (len(uniq) - len(live))",
+     "parent, node = live // V, node",
+     "generate: row -> prefix index not shifted past the finished key", MODEL),
+    (MD, "rows = torch.cat([offsets[:, None], ids], 1)",
+     "rows = torch.cat([0 * offsets[:, None], ids], 1)",
+     "response_forward: row key without the padding offset", MODEL),
+    (MD, "unique_consecutive(uniq[:, :1 + P]", "unique_consecutive(uniq[:, 1:1 + P]",
+     "response_forward: prompt key without the padding offset", MODEL),
+    # tool use: the sampler's forced tokens, the calculator, action masks
+    (MD, "logps.append(torch.where(act,", "logps.append(torch.where(~done,",
+     "generate: a forced token gets the policy's log-prob, not 0", FORCED),
+    (MD, "for q in queue.values()]).to(tok), False", "for q in queue.values()]).to(tok), True",
+     "generate: forced tokens marked as the policy's actions", FORCED),
+    (TL, r'_MUL = re.compile(rf"([0-9]{{1,{MAX_DIGITS}}})', r'_MUL = re.compile(rf"([0-9]+)',
+     "calculator: a product's number of any length", CALC),
+    (TL, r'_SUM = re.compile(rf"[0-9]{{1,{MAX_DIGITS}}}(', r'_SUM = re.compile(rf"[0-9]+(',
+     "calculator: a sum's first number of any length", CALC),
+    (TL, "{{1,{MAX_TERMS - 1}}}", "{{1,{MAX_TERMS}}}",
+     "calculator: a sum of up to MAX_TERMS + 1 numbers", CALC),
+    (TL, "return flip(str(int(flip(m[1])) * int(m[2])))", "return flip(str(int(m[1]) * int(m[2])))",
+     "calculator: a reversed product read unflipped", CALC),
+    (TL, 'sum(int(flip(t)) for t in text.split("+"))', 'sum(int(t) for t in text.split("+"))',
+     "calculator: reversed sum terms read unflipped", CALC),
+    (TL, "calls <= MAX_CALLS", "calls <= MAX_CALLS + 1", "environment: one call past MAX_CALLS",
+     CALC),
+    (TL, "start = max((i for i", "start = min((i for i",
+     "environment: the call from the first open, not the last", CALC),
+    (TL, "if ok and len(ids) - start - 2 == len(text) else ERROR", "if ok else ERROR",
+     "environment: a special token inside a call decoded away", CALC),
+    (TL, "mask.append(0 if inside else 1)", "mask.append(0 if inside and t != tool.end_id else 1)",
+     "env_mask: the result's closing token is the author's", TOOLS),
+    (TL, "inside |= t == tool.result_id", "inside |= t == tool.open_id",
+     "env_mask: the call masked, not its result", TOOLS),
+    (TL, "env = ~act & (torch.arange(", "env = ~act | (torch.arange(",
+     "counts: response tokens counted as the environment's", COUNTS),
+    (TL, "env = ~act & (torch.arange(ids.size(1), device=ids.device) < length[:, None])",
+     "env = ~act", "counts: padding counted as environment tokens", COUNTS),
+    ("verify.py", 'completion.rpartition("}")[2]', 'completion.partition("}")[2]',
+     "tool_answer: the text after the first result, not the last", VERIFY + TOOLS),
+    ("sft.py", "[1] * len(p) + (m[0] if m else [1] * len(r))", "[1] * (len(p) + len(r))",
+     "encode_split: loss_on=all trains on the tool's results", TOOLS),
+    ("nanorl/rows.py", "torch.tensor(m[0] if m else [1] * len(r))\n    return ids, mask",
+     "1\n    return ids, mask", "rows.pack: the action mask ignored", TOOLS),
+    ("nanorl/rows.py", "out.ids.size(1) - out.mask.size(1), out.length",
+     "out.ids.size(1) - out.mask.size(1), out.mask.sum(1)",
+     "rows.responses: a rollout's responses cut at its action count", TOOLS),
+    (PF, "resp[r], b.mask[r, :len(resp[r])].tolist())", "resp[r])",
+     "pref.rollout_rows: rows without their action mask", TOOLS),
+    (PF, "mask[i, :len(r)] = torch.tensor(m[0] if m else [1] * len(r))", "mask[i, :len(r)] = 1",
+     "pref.pack_left: the action mask ignored", TOOLS),
 ]
 
 
 def copy_repo(dst):
-    """The code and tests the run needs, into dst: top-level .py files, pytest.ini, tests/, data/."""
+    """What the tests need, into dst: top-level .py files, pytest.ini and FOLDERS."""
     for name in os.listdir(ROOT):
         if name.endswith(".py") or name == "pytest.ini":
             shutil.copy2(os.path.join(ROOT, name), dst)
-    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for folder in ("tests", "data"):  # data/ holds tasks.py and the generated splits test_pref.py reads
-        shutil.copytree(os.path.join(ROOT, folder), os.path.join(dst, folder), ignore=skip)
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
+    for folder in FOLDERS:
+        if os.path.isdir(os.path.join(ROOT, folder)):
+            shutil.copytree(os.path.join(ROOT, folder), os.path.join(dst, folder), ignore=skip)
 
 
-def run_tests(dst):
-    """-> (passed, first failing test or "timeout", seconds)."""
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")  # no stale .pyc after a mutation
+def run_tests(dst, tests):
+    """Run pytest on tests (files or node ids) in dst -> (passed, first failure or "timeout",
+    seconds)."""
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")  # no stale .pyc
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
-           f"--basetemp={os.path.join(dst, '.pytest_tmp')}", *TESTS]
+           "--hypothesis-seed=0", f"--basetemp={os.path.join(dst, '.pytest_tmp')}", *tests]
     t0 = time.time()
     try:
-        out = subprocess.run(cmd, cwd=dst, env=env, capture_output=True, text=True, timeout=TIMEOUT)
+        out = subprocess.run(cmd, cwd=dst, env=env, capture_output=True, text=True,
+                             timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
         return False, "timeout", time.time() - t0
     lines = out.stdout.splitlines()
-    failed = [l.split(" - ")[0].split(" ", 1)[1] for l in lines if l.startswith(("FAILED", "ERROR"))]
+    failed = [l.split(" - ")[0].split(" ", 1)[1] for l in lines
+              if l.startswith(("FAILED", "ERROR"))]
     why = failed[0] if failed else ((out.stdout + out.stderr).strip().splitlines() or ["?"])[-1]
     return out.returncode == 0, why, time.time() - t0
 
 
-def main(argv):
-    sources = {}
-    for path, old, new, what in MUTANTS:
+def check(mutants):
+    """-> the source of every mutated file; fails unless each mutant applies exactly once, is
+    unique and names tests that exist."""
+    sources, seen = {}, set()
+    for path, old, new, what, tests in mutants:
         text = sources.setdefault(path, open(os.path.join(ROOT, path)).read())
         n = text.count(old)
         assert n == 1, f"{path}: {what}: the text to mutate occurs {n} times, not once: {old!r}"
-        assert old != new, what
+        assert old != new and (path, old, new) not in seen, f"{path}: {what}: no-op or duplicate"
+        seen.add((path, old, new))
+        assert tests, f"{what}: no tests"
+        for t in tests:
+            assert os.path.isfile(os.path.join(ROOT, t.split("::")[0])), f"{what}: no {t}"
+    return sources
+
+
+def main(argv):
+    sources = check(MUTANTS)
     if "--check" in argv:
         print(f"all {len(MUTANTS)} mutants apply")
         return 0
     words = [w for w in argv if not w.startswith("--")]
     todo = [m for m in MUTANTS if not words or any(w in m[3] or w in m[2] for w in words)]
+    union = list(dict.fromkeys(t for m in todo for t in m[4]))  # in order, once each
     with tempfile.TemporaryDirectory(prefix="nanorl-mutate-") as dst:
         copy_repo(dst)
-        ok, why, secs = run_tests(dst)
+        ok, why, secs = run_tests(dst, union)
         if not ok:
             print(f"the unmutated copy fails its tests ({why}); fix that first")
             return 1
-        print(f"unmutated: tests pass ({secs:.0f} s); {len(todo)} mutants")
-        print(f"{'':6} {'file':10} {'mutant':50} {'s':>4}  first failing test")
-        missed = []
-        for path, old, new, what in todo:
+        print(f"unmutated: {len(union)} test files / ids pass ({secs:.0f} s); {len(todo)} mutants")
+        print(f"{'':6} {'file':18} {'mutant':50} {'s':>4}  first failing test")
+        missed, t0 = [], time.time()
+        for path, old, new, what, tests in todo:
             target = os.path.join(dst, path)
             with open(target, "w") as f:
                 f.write(sources[path].replace(old, new))
             try:
-                ok, why, secs = run_tests(dst)
+                ok, why, secs = run_tests(dst, tests)
             finally:
                 with open(target, "w") as f:
                     f.write(sources[path])
             if ok:
                 missed.append(what)
             verdict = "MISSED" if ok else "caught"
-            print(f"{verdict:6} {path:10} {what[:50]:50} {secs:4.0f}  {'' if ok else why}", flush=True)
-    print(f"caught {len(todo) - len(missed)} of {len(todo)}")
+            print(f"{verdict:6} {path:18} {what[:50]:50} {secs:4.0f}  {'' if ok else why}",
+                  flush=True)
+    print(f"caught {len(todo) - len(missed)} of {len(todo)} in {time.time() - t0:.0f} s")
     for what in missed:
         print(f"  missed: {what}")
     return 1 if missed else 0
