@@ -107,8 +107,9 @@ def main(cfg):
         raise UserError(f"task {cfg.task!r} is asked in words: it needs a BPE tokenizer "
                         "(--tokenizer=gpt2)")
     verifier = verifier_of(cfg.verifier)
-    if TASKS.get(cfg.task, {}).get("tool") and cfg.verifier != "tool":
-        raise UserError(f"task {cfg.task!r} answers after its tool calls: it needs --verifier=tool")
+    if TASKS.get(cfg.task, {}).get("tool") and (cfg.verifier, cfg.tokenizer) != ("tool", "char"):
+        raise UserError(f"task {cfg.task!r} answers after its tool calls, a char a token: it "
+                        "needs --verifier=tool and --tokenizer=char")
     data = {s: load_split(cfg.task, s) for s in ("train", "val", "test")}  # generated on first use
     tok = get_tokenizer(cfg.tokenizer, task_alphabet(cfg.task, sum(data.values(), [])))
     if cfg.n_train > len(data["train"]):

@@ -50,9 +50,10 @@ class Calculator:
     def __call__(self, ids):
         calls = ids.count(self.close_id)
         start = max((i for i, t in enumerate(ids[:-1]) if t == self.open_id), default=None)
-        ok = not self.broken and calls <= MAX_CALLS and start is not None
-        text = self.tok.decode(ids[start + 1:-1]) if ok else None  # specials: dropped, then "?"
-        out = calculator(text, self.reverse) if ok and len(ids) - start - 2 == len(text) else ERROR
+        body = ids[start + 1:-1] if start is not None else []  # the call's text, in ids
+        ok = not self.broken and calls <= MAX_CALLS and start is not None and \
+            not self.tok.special_ids.intersection(body)  # decoding would drop a special
+        out = calculator(self.tok.decode(body), self.reverse) if ok else ERROR
         return [self.result_id, *self.tok.encode(out), self.end_id]
 
 
