@@ -1,4 +1,4 @@
-# make demo: install, then the whole pipeline (data -> SFT -> RL -> held-out eval), 5-8 min on 2 CPU cores (SFT 3-6 min, GRPO ~2)
+# make demo: install, then the whole pipeline (data -> SFT -> RL -> held-out eval), ~3.5 min on 2 CPU cores (SFT ~2, GRPO ~1.5)
 # make test: install the test requirements, run the suite (~4 min on 2 CPU cores)
 # make compare: every RL algorithm and two baselines side by side from the SFT checkpoint (27 runs, 2 at a time; needs make demo's SFT)
 PYTHON ?= python
