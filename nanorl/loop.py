@@ -154,6 +154,7 @@ def finish(logger):
     """Close the metrics (wandb) and, under torchrun, the process group."""
     logger.finish()
     if dist.is_initialized():
+        dist.barrier()  # no rank tears gloo down while another is still talking to it
         dist.destroy_process_group()
 
 

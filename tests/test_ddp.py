@@ -87,6 +87,7 @@ def ddp_worker(rank, world, port, out_dir):
     opt = one_update(model, tok, rl.rows.take(batch, (torch.tensor([0, 0, 0, 1]) == rank).repeat_interleave(G)), "grpo", minibatches=3)
     steps = {int(s["step"]) for s in opt.state.values()}
     torch.save({"steps": steps, "model": model.state_dict()}, os.path.join(out_dir, f"minibatches{rank}.pt"))
+    torch.distributed.barrier()  # both ranks done before either tears gloo down
     torch.distributed.destroy_process_group()
 
 
