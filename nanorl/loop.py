@@ -280,5 +280,5 @@ def train(cfg, model, tok, conf, train_step, run_eval, rank, metric):
     if rank == 0:
         print(f"done in {fmt_time(time.time() - t0)}; best {metric} {state.best_val:.4f}",
               flush=True)
-    logger.finish()
+    finish(logger)
     return state.last_eval
