@@ -383,7 +383,7 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "rollout_weights: tis not capped", OFF),
     (OP, "cut = (rho > high) | (rho < low) if", "cut = (rho > high) if",
      "rollout_weights: icepop keeps the low ratios", OFF),
-    (OP, 'return adv * w[:, 0], {"rl/is_capped_frac"', 'return adv, {"rl/is_capped_frac"',
+    (OP, "adv = adv * w[:, 0]  # (B,)", "adv = adv  # (B,)",
      "weigh: a sequence-ratio row left unweighted", OFF),
     (DI, "-(b.old - teacher_lp).clamp(-bound, bound)", "(b.old - teacher_lp).clamp(-bound, bound)",
      "distill: teacher advantage sign", OFF),

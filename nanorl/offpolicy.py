@@ -90,8 +90,9 @@ def weigh(adv, b, cfg, row):
     sequence-ratio row takes seq_tis's one weight per row."""
     w, cut = rollout_weights(b.old, b.mu, b.mask, "decoupled" if cfg.decoupled else cfg.rollout_is)
     if row.ratio == "sequence":
-        return adv * w[:, 0], {"rl/is_capped_frac": cut.item()}
-    adv = (adv[:, None] if adv.dim() == 1 else adv) * w  # (B, T)
+        adv = adv * w[:, 0]  # (B,)
+    else:
+        adv = (adv[:, None] if adv.dim() == 1 else adv) * w  # (B, T)
     return adv, {"rl/is_capped_frac": cut.item()}
 
 
