@@ -147,7 +147,8 @@ def whiten(x, mask, mean=None, var=None, eps=1e-8):
 
 
 def adaptive_beta(beta, kl, target, n, horizon=10000):
-    """Adaptive KL (Ziegler et al. 2019): beta *= 1 + clip(kl/target - 1, +-0.2) n/horizon."""
+    """Adaptive KL (Ziegler et al. 2019): beta *= 1 + clip(kl/target - 1, +-0.2) n/horizon; kl
+    and --kl_target per sequence (k1 summed over its tokens), as theirs and TRL's."""
     return beta * (1 + min(max(kl / target - 1, -0.2), 0.2) * n / horizon)
 
 

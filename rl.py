@@ -21,7 +21,7 @@ import torch
 import losses as L
 from model import generate, logprobs, seeded
 from nanorl import cliff, cov, distill, loop, offpolicy, pref, remax, rm, rows
-from nanorl.checkpoint import unwrap
+from nanorl.checkpoint import load_checkpoint, unwrap
 from nanorl.config import UserError, check_bounds, run_cli
 from nanorl.ddp import all_reduce, bf16_default, mean_over_ranks, world_size
 from nanorl.evaluate import Task, evaluate_policy, grade, load_policy, rollout_metrics
@@ -41,10 +41,11 @@ class Config(RMFlags, pref.Flags, distill.Flags, offpolicy.Flags, L.Knobs, loop.
     prompts_per_step: int = 64
     group_size: int = 16  # G samples per prompt
     temperature: float = 1.0  # the sampler's and the loss's
-    max_new_tokens: int = 8
+    max_new_tokens: Optional[int] = None  # None: the SFT checkpoint's
     dynamic_sampling: bool = True  # drop groups without signal, refill them
     max_refills: int = 4  # extra rollout rounds per step
-    overlong_window: Optional[int] = None  # DAPO's overlong shaping; None = the row's
+    overlong_window: Optional[int] = None  # DAPO's shaping, None = the row's; counts every
+    # response token, the environment's too: they fill max_new_tokens as the policy's do
     prompt_selection: bool = True  # skip once a prompt last seen all-equal
     ppo_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch
@@ -56,10 +57,10 @@ class Config(RMFlags, pref.Flags, distill.Flags, offpolicy.Flags, L.Knobs, loop.
 
 
 def check(cfg):
-    """-> (cfg with the row's defaults, the row of --loss, its hyperparameters) or one line."""
+    """-> (cfg with the row's and the checkpoint's defaults, the row of --loss, its
+    hyperparameters) or one line."""
     try:  # an unknown loss or knob is an error; None: the row's default
-        keys = {*L.KNOBS, *L.DEFAULTS.get(cfg.loss, ())}  # dr_grpo's: max_new_tokens
-        hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k, None) for k in keys})
+        hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k) for k in L.KNOBS})
     except ValueError as e:
         raise UserError(str(e)) from None
     row = L.ALGOS[cfg.loss]
@@ -67,17 +68,23 @@ def check(cfg):
                   if cfg.overlong_window is None else cfg.overlong_window)  # DAPO's shaping
     check_bounds(cfg, ("temperature", "> 0", lambda v: v > 0),
                  ("group_size", ">= 2", lambda v: v >= 2),
-                 ("max_new_tokens prompts_per_step pairs_per_step ppo_epochs minibatches "
-                  "sample_batch_size micro_batch_size", ">= 1", lambda v: v >= 1),
+                 ("prompts_per_step pairs_per_step ppo_epochs minibatches sample_batch_size "
+                  "micro_batch_size", ">= 1", lambda v: v >= 1),
                  ("max_refills eval_samples", ">= 0", lambda v: v >= 0))
-    if (row.binary or row.family == "pref") and cfg.overlong_window:
-        raise UserError(f"{cfg.loss} needs binary rewards: overlong shaping must be off "
-                        "(--overlong_window=0)")
+    if cfg.overlong_window and (row.binary or row.family != "pg" or "teacher" in row.needs):
+        why = "needs binary rewards" if row.binary else "does not learn from rewards"
+        raise UserError(f"{cfg.loss} {why}: overlong shaping must be off (--overlong_window=0)")
     if row.on_policy and cfg.ppo_epochs * cfg.minibatches > 1:  # later steps: no IS weight
         raise UserError(f"{cfg.loss} takes one optimizer step per batch: ppo_epochs and "
                         "minibatches must be 1")
     for feature in (offpolicy, rm, pref) + ((distill,) if "teacher" in row.needs else ()):
         feature.check(cfg, row)
+    if cfg.max_new_tokens is None:  # the SFT's: its answers (a tool's traces) fit it
+        ck = load_checkpoint(cfg.sft_ckpt, hint="make one with: python sft.py configs/mul.py")
+        cfg = replace(cfg, max_new_tokens=ck["config"].get("max_new_tokens", 8))
+    check_bounds(cfg, ("max_new_tokens", ">= 1", lambda v: v >= 1))
+    if "max_new_tokens" in hp:  # dr_grpo's constant normaliser
+        hp["max_new_tokens"] = cfg.max_new_tokens
     return cfg, row, hp
 
 
@@ -127,10 +134,10 @@ def rollout(cfg, row, run, idx, gen, G, temperature):
         parts.append(Rollout(o["ids"], o["offsets"], o["action_mask"][:, P:], o["logps"],
                              length=o["response_mask"][:, P:].sum(1).float()))
     b, window, seen, graded = rows.cat(parts), cfg.overlong_window, {}, []
-    for r, ids in enumerate(rows.responses(b)):
+    for r, (ids, act) in enumerate(zip(rows.responses(b), b.mask.tolist())):
         key = (r // G, *ids)  # a group's identical samples are graded once
         if key not in seen:
-            c = grade(tok, ids, task.train[idx[r // G]][1], task.reverse, task.verifier)
+            c = grade(tok, ids, task.train[idx[r // G]][1], task.reverse, task.verifier, act)
             pen = overlong_penalty(len(ids), cfg.max_new_tokens, window) if window else 0
             wrong = cliff.first_wrong_token(ids, gold[r // G][1])
             seen[key] = c, c + pen, -1 if wrong is None else wrong, ids[-1:] == [tok.eos_id]
@@ -145,18 +152,22 @@ def collect(cfg, row, run, gen):
     """This rank's prompts x G samples -> (Rollout or None, stats). Dynamic sampling
     drops groups without signal and refills, up to max_refills more rounds."""
     parts, n_groups, n_sampled, n_flat, G, extra = [], 0, 0, 0, cfg.group_size, {}
+    n_tok, n_rows, n_cut = 0.0, 0, 0  # every row sampled, dropped or not: tok/s, truncation
     want = cfg.prompts_per_step // world_size()
     dyn = row.data in ("pairs", "labels") or cfg.dynamic_sampling and row.family == "pg" \
         and "teacher" not in row.needs  # online pairs need a right and a wrong answer
     for _ in range(1 + (cfg.max_refills if dyn else 0)):
         idx = run.prompts.take(want - n_groups)
         b = rollout(cfg, row, run, idx, gen, G, cfg.temperature)
+        n_tok, n_rows = n_tok + b.length.sum().item(), n_rows + len(b.ids)
+        n_cut += int((~b.finished).sum())
         if run.rm:  # the RM's score for the verifier's
             run.rm.score(b, cfg.rm_normalize, update=True)
         run.prompts.record(idx, b.correct.view(-1, G))
         R = (b.reward if run.rm else b.correct).view(-1, G)  # (groups, G)
         if "greedy" in row.needs:  # ReMax: each prompt's greedy answer
             greedy = rollout(cfg, row, run, idx, gen, 1, 0.0)
+            n_tok += greedy.length.sum().item()
             R, extra = remax.baseline(b, greedy, R, run.rm, cfg.rm_normalize, extra)
         flat = R.max(1).values == R.min(1).values  # (groups,) no signal
         n_sampled, n_flat = n_sampled + len(idx), n_flat + int(flat.sum())
@@ -166,7 +177,9 @@ def collect(cfg, row, run, gen):
             n_groups += len(b.ids) // G
         if not dyn or n_groups >= want:
             break
+    cut, sampled = all_reduce([n_cut, n_rows]).tolist()  # 1: nothing to learn (step warns)
     stats = {"rl/zero_std_frac": n_flat / n_sampled, "rl/n_groups": n_groups,
+             "rl/sampled_truncated_frac": cut / sampled, "perf/rollout_tokens": n_tok,
              **{k: v / n_sampled for k, v in extra.items()}}
     return (rows.cat(parts) if parts else None), stats
 
@@ -288,14 +301,14 @@ def train_step(cfg, row, run, lr, gen):
         t0 = time.time()
         with torch.autocast(dev.type, torch.bfloat16) if cfg.sampler_bf16 else nullcontext():
             b, stats = collect(cfg, row, run, gen)
-        stats["perf/rollout_s"] = dt = time.time() - t0  # this step's rollout
-        stats["perf/rollout_tok_s"] = (b.length.sum().item() if b else 0) / dt
+        stats["perf/rollout_s"] = dt = time.time() - t0  # this step's rollouts
+        stats["perf/rollout_tok_s"] = stats["perf/rollout_tokens"] / dt  # every token sampled
         b = offpolicy.delay(run.queue, b, cfg.staleness) if cfg.staleness else b
         if b is False:  # the queue is filling
             return stats
-    if row.family != "pg":
-        m = rollout_metrics(b, tool=run.task.tool) if b else {}
-        return {**stats, **pref.step(cfg, row, run, b, lr), **m}
+    if row.family != "pg":  # {} when some rank had no rows: then no rank logs its rollout
+        out = pref.step(cfg, row, run, b, lr)
+        return {**stats, **out, **(rollout_metrics(b, tool=run.task.tool) if out and b else {})}
     if all_reduce(float(b is None), "max").item():  # on any rank: no update
         return stats
     ref_lp, adv, inputs, pre = prepare(cfg, row, run, b)
@@ -361,10 +374,12 @@ def step(cfg, row, run, dev, rank):
         stats = train_step(cfg, row, run, loop.lr_at(run.state.step, cfg),
                            seeded(dev, "rollout", cfg.seed, rank, run.state.step + 1))
     stats, hp = mean_over_ranks(stats), run.hp
-    if hp.get("kl_target") and "rl/kl_k1" in stats:  # PPO's adaptive KL controller
+    if hp.get("kl_target") and "rl/kl_k1_seq" in stats:  # PPO's adaptive KL controller
         n = stats["rl/n_groups"] * cfg.group_size * world_size()
-        hp["beta"] = L.adaptive_beta(hp["beta"], stats["rl/kl_k1"], hp["kl_target"], n)
+        hp["beta"] = L.adaptive_beta(hp["beta"], stats["rl/kl_k1_seq"], hp["kl_target"], n)
     shown = [f"{k} {stats['rl/' + k]:.4g}" for k in SHOWN if "rl/" + k in stats]
+    if stats.get("rl/sampled_truncated_frac") == 1:  # no answer ended: no reward to learn from
+        shown.append(f"WARNING: every rollout ran out of max_new_tokens={cfg.max_new_tokens}")
     return stats, " ".join(shown) or "no update"
 
 

@@ -80,11 +80,12 @@ def main(cfg):
         out = generate(model, prompts, cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=G,
                        temperature=cfg.temperature, top_k=cfg.top_k or None, generator=gen,
                        tool=tool)
-        for row, ids in enumerate(responses(out)):
+        acts = out["action_mask"][:, out["prompt_len"]:].tolist()
+        for row, (ids, act) in enumerate(zip(responses(out), acts)):
             prompt, gold = chunk[row // G]
             print(prompt + show(tok.decode(ids), reverse))
             if gold is not None:
-                graded.append(grade(tok, ids, gold, reverse, verifier))
+                graded.append(grade(tok, ids, gold, reverse, verifier, act))
     if graded:
         right = int(sum(graded))
         print(f"accuracy {sum(graded) / len(graded):.4f} ({right}/{len(graded)})", file=sys.stderr)

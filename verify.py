@@ -2,7 +2,8 @@
 overlong_penalty. Pure and total: garbage, unicode, nested tags, 5,000-digit numbers give 0,
 never an exception; numbers compare as digit strings, never via int(). An answer is
 canonical: "0", or an optional '-' then ASCII digits, no leading zero. gold is canonical, in
-normal order ("1081"). The caller strips EOS (no EOS or a special inside: 0).
+normal order ("1081"). The caller passes the text the policy wrote after the environment's
+last token (a tool's result), EOS stripped (no EOS or a special inside: 0).
 """
 import re
 
@@ -57,15 +58,6 @@ def exact_text(completion: str, gold: str, reverse: bool = False) -> float:
     return float((completion[::-1] if reverse else completion) == gold)
 
 
-def tool_answer(completion: str, gold: str, reverse: bool = False) -> float:
-    """exact_answer of the text after the last tool result's "}" (nanorl/tools.py): a trace's
-    final answer, or the whole completion when it made no call."""
-    if not isinstance(completion, str):
-        return 0.0
-    return exact_answer(completion.rpartition("}")[2], gold, reverse)
-
-
 # name -> f(completion, gold, reverse=False), picked by sft.py --verifier=NAME (stored in the
 # checkpoint for every eval and rl.py's rewards). Your own: a function and one line here.
-VERIFIERS = {"exact": exact_answer, "final": final_answer, "text": exact_text,
-             "tool": tool_answer}
+VERIFIERS = {"exact": exact_answer, "final": final_answer, "text": exact_text}

@@ -46,6 +46,7 @@ class Config:
     out_dir: str = "out/compare"
     jobs: int = 0  # runs at a time, 1 thread each; 0 = min(2, CPU cores)
     baseline_budget: str = "auto"  # steps per baseline run: "auto" (as long as an RL run) or "50"
+    pairs: str = "offline"  # the preference rows' pairs: offline (data files) or online
     rl_args: str = ""  # more rl.py flags for every run, e.g. "--minibatches=4 --lr=1e-4"
     wandb: bool = False  # every run logs to wandb in one group (name it in rl_args: --wandb_group)
 
@@ -88,7 +89,8 @@ def run(cfg, loss, seed, steps, extra):
     cmd = [sys.executable, RL_PY, f"--loss={loss}", f"--seed={seed}", f"--sft_ckpt={cfg.sft_ckpt}",
            f"--out_dir={out}", "--threads=1", f"--max_iters={steps}", f"--wandb_run_name={name}",
            f"--eval_samples={cfg.eval_samples}",  # evals at the same fractions of every run:
-           f"--eval_interval={max(1, steps * cfg.eval_interval // cfg.max_iters)}", *extra]
+           f"--eval_interval={max(1, steps * cfg.eval_interval // cfg.max_iters)}", *extra,
+           *([f"--pairs={cfg.pairs}"] if L.ALGOS[loss].family == "pref" else [])]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     with open(os.path.join(out, "log.txt"), "w") as log:
         print(shlex.join(cmd), file=log, flush=True)

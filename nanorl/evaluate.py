@@ -128,17 +128,20 @@ def evaluate(model, tok, problems, reverse, max_new_tokens, n_samples=0, tempera
 def score_samples(tok, out, gold, reverse, verifier=exact_answer, tool=None):
     """[(reward, completion in normal order)] for each row of a `generate` result; a tool
     trace's numbers are each turned back (format_prompt)."""
-    show = format_prompt if tool else parse_answer
-    return [(grade(tok, ids, g, reverse, verifier), show(tok.decode(ids), reverse))
-            for ids, g in zip(responses(out), gold)]
+    show, acts = format_prompt if tool else parse_answer, out["action_mask"][:, out["prompt_len"]:]
+    return [(grade(tok, ids, g, reverse, verifier, act), show(tok.decode(ids), reverse))
+            for ids, g, act in zip(responses(out), gold, acts.tolist())]
 
 
-def grade(tok, ids, gold, reverse, verifier=exact_answer):
-    """Reward of one response (its sampled ids): the verifier's score of its text if it ended with
-    EOS, else 0; 0 too if a special token comes earlier (decoding would drop it: "10<pad>81")."""
+def grade(tok, ids, gold, reverse, verifier=exact_answer, act=None):
+    """Reward of one response (its ids, the environment's too): the verifier's score of the text
+    the policy wrote after the environment's last token (act: the ids' action mask, None: all
+    the policy's) if it ended with EOS, else 0; 0 too if a special token comes earlier
+    (decoding would drop it: "10<pad>81")."""
     if not ids or ids[-1] != tok.eos_id or any(i in tok.special_ids for i in ids[:-1]):
         return 0.0
-    return verifier(tok.decode(ids[:-1]), gold, reverse=reverse)
+    start = max((i + 1 for i, a in enumerate((act or ())[:len(ids)]) if not a), default=0)
+    return verifier(tok.decode(ids[start:-1]), gold, reverse=reverse)
 
 
 def verifier_of(name):
@@ -197,10 +200,10 @@ def rollout_metrics(b, ref_lp=None, returns=None, beta=None, tool=None):
     if ref_lp is not None:
         out["rl/kl"] = L.masked_mean(L.kl_estimate(b.old, ref_lp, "k3"), m).item()
     if returns is not None:
-        k1 = 0.0 if ref_lp is None else L.masked_mean(b.old - ref_lp, m).item()
+        k1 = 0.0 if ref_lp is None else L.masked_sum(b.old - ref_lp, m, 1).mean().item()
         out.update({"rl/explained_variance": explained_variance(b.values, returns, m).item(),
                     "rl/beta": beta, "rl/values_mean": L.masked_mean(b.values, m).item(),
-                    "rl/returns_mean": L.masked_mean(returns, m).item(), "rl/kl_k1": k1})
+                    "rl/returns_mean": L.masked_mean(returns, m).item(), "rl/kl_k1_seq": k1})
     if tool:
         out.update(tools.metrics(tools.counts(b.ids[:, -m.size(1):], m, b.length, tool), "rl"))
     if b.rm_reward is not None:

@@ -197,6 +197,11 @@ def load_records(path, kind, alphabet=ALPHABET):
 def check(cfg, row):
     if cfg.pairs not in ("offline", "online"):
         raise UserError(f"pairs must be offline or online, got {cfg.pairs}")
+    if cfg.pairs == "online" and row.family != "pref":
+        raise UserError(f"--pairs picks a preference row's data; {cfg.loss} has no pairs")
+    if cfg.pairs == "online" and not cfg.dynamic_sampling:
+        raise UserError("online pairs keep only groups with a right and a wrong answer: dynamic "
+                        "sampling is always on for them (drop --dynamic_sampling=false)")
 
 
 def offline(cfg, row):
@@ -220,20 +225,23 @@ def data(cfg, row, task):
 
 def step(cfg, row, run, b, lr):
     """One preference or supervised step on this rank's rows: offline ones drawn from the data
-    files (b None), online ones picked from the rollout b -> its stats (none when some rank
-    has no rows)."""
+    files, online ones picked from the rollout b (None: no group had a right and a wrong
+    answer) -> its stats (none when some rank has no rows)."""
     task = run.task
-    if b is None:
+    if offline(cfg, row):
         n = cfg.pairs_per_step // world_size() * (2 if row.data == "labels" else 1)
         items = [task.train[i] for i in run.prompts.take(n)]
         rows, labels = (task.gold_rows(items), None) if row.data == "gold" \
             else record_rows(task.tok, items, task.reverse)
     else:
-        rows, labels = rollout_rows(b, row, cfg.group_size)
+        rows, labels = rollout_rows(b, row, cfg.group_size) if b is not None else ([], None)
     if all_reduce(float(not rows), "max").item():  # on any rank: no update
         return {}
-    loss, stats = rows_loss(run.fwd, run.ref, task.tok.pad_id, rows, labels, row, run.hp)
-    gnorm = loop.optimizer_step(unwrap(run.model), run.opt, loss, lr, cfg.grad_clip)
+    run.opt.zero_grad()
+    loss, stats = rows_loss(run.fwd, run.ref, task.tok.pad_id, rows, labels, row, run.hp,
+                            cfg.micro_batch_size)
+    gnorm = loop.optimizer_step(unwrap(run.model), run.opt, loss, lr, cfg.grad_clip,
+                                backward=False)
     return {**stats, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(), "rl/lr": lr}
 
 
@@ -265,45 +273,66 @@ def pack_left(rows, pad_id):
     return ids, torch.tensor([P - len(p) for p, *_ in rows]), mask
 
 
-def row_logps(model, rows, pad_id):
-    """(logp, mask), both (N, L): the answer tokens' log-probs of (prompt, answer) rows."""
+def row_logps(model, rows, pad_id, max_rows=None):
+    """(logp, mask), both (N, L): the answer tokens' log-probs of (prompt, answer) rows, at most
+    max_rows rows a forward."""
     dev = next(model.parameters()).device
     ids, offsets, mask = (t.to(dev) for t in pack_left(rows, pad_id))
-    return logprobs(model, ids, offsets, mask)[0], mask
+    return logprobs(model, ids, offsets, mask, rows=max_rows)[0], mask
 
 
-def seq_logps(model, rows, pad_id):
+def seq_logps(model, rows, pad_id, max_rows=None):
     """(N,) the sum of the answer tokens' log-probs of each (prompt, answer) row."""
-    return row_logps(model, rows, pad_id)[0].sum(1)  # 0 off the mask
+    return row_logps(model, rows, pad_id, max_rows)[0].sum(1)  # 0 off the mask
 
 
-def rows_loss(model, ref, pad_id, rows, labels, row, hp):
-    """One batch's loss and stats. The loss is a mean over every DDP rank's rows (sft, rft:
-    answer tokens), so the ranks' summed gradients are the whole batch's. Pair rows are n
-    chosen then n rejected; KTO's reference point z comes from mismatched pairs (answer i+1
-    after prompt i), per rank."""
-    if row.family == "sft":  # the per-token NLL of the answers, at temperature 1
-        lp, m = row_logps(model, rows, pad_id)  # (N, L) each
-        loss, st = nll_loss(lp, m, n_tokens=all_reduce(m.sum().item()).item())
-        return loss, {"rl/nll": st["nll"].item(), "rl/n_seqs": len(rows),
-                      "rl/n_tokens": m.sum().item()}
-    with_ref = "ref" in row.needs  # simpo, orpo: reference-free, no reference forward
+def rows_loss(model, ref, pad_id, rows, labels, row, hp, max_rows=None):
+    """Backward of one batch's loss, at most max_rows rows a forward (memory) -> (the loss,
+    detached; stats). The loss is a mean over every DDP rank's units, pairs, answers (kto) or
+    answer tokens (sft, rft), so micro-batches and ranks add up to the whole batch's gradient.
+    Pair rows are n chosen then n rejected; KTO's reference point z comes from mismatched
+    pairs (answer i+1 after prompt i), per rank."""
+    pairs = row.data == "pairs"
+    n = len(rows) // 2 if pairs else len(rows)  # this rank's units
+    length = pack_left(rows, pad_id)[2].sum(1).float()  # (N,) |y|: the policy's tokens
     with torch.no_grad():
-        ref_lp = seq_logps(ref, rows, pad_id) if with_ref else None  # (N,)
+        ref_lp = seq_logps(ref, rows, pad_id, max_rows) if "ref" in row.needs else None  # (N,)
         if row.data == "labels":
             mismatched = [(p, *rows[(i + 1) % len(rows)][1:]) for i, (p, *_) in enumerate(rows)]
-            mis = seq_logps(model, mismatched, pad_id), seq_logps(ref, mismatched, pad_id)
-    pi = seq_logps(model, rows, pad_id)  # (N,)
-    length = pack_left(rows, pad_id)[2].sum(1).float().to(pi.device)  # (N,) |y|: its actions
-    n = len(rows) // 2
+            labels = (labels, seq_logps(model, mismatched, pad_id, max_rows),
+                      seq_logps(ref, mismatched, pad_id, max_rows))
+    total = all_reduce(float(length.sum() if row.family == "sft" else n)).item()
+    size = max(1, (max_rows or len(rows)) // (2 if pairs else 1))  # units per forward
+    loss, stats = 0.0, {}
+    for i in range(0, n, size):
+        unit = torch.arange(i, min(i + size, n))
+        idx = torch.cat([unit, unit + n]) if pairs else unit  # its rows
+        lp, m = row_logps(model, [rows[k] for k in idx.tolist()], pad_id)  # (r, L) each
+        part, st = unit_loss(row, hp, lp, m, idx, ref_lp, length.to(lp.device), labels, total)
+        part.backward()
+        loss += part.detach()
+        w = 1 if row.family == "sft" else len(unit) / n  # sft's stats add up, others average
+        for k, v in st.items():
+            stats[k] = stats.get(k, 0.0) + float(v) * w
+    return loss, {**stats, "rl/n_seqs": len(rows)}
+
+
+def unit_loss(row, hp, lp, m, idx, ref_lp, length, labels, total):
+    """The row's loss of some units (their rows idx, log-probs lp and mask m (r, L)), as its
+    share of the batch's mean over `total` units (tokens for sft, rft) -> (loss, stats)."""
+    if row.family == "sft":  # the per-token NLL of the answers, at temperature 1
+        loss, st = nll_loss(lp, m, n_tokens=total)
+        return loss, {"rl/nll": st["nll"], "rl/n_tokens": m.sum()}
+    pi, length, k = lp.sum(1), length[idx], len(idx) // (2 if row.data == "pairs" else 1)
+    ref = None if ref_lp is None else ref_lp[idx]  # (r,)
     if row.data == "labels":
-        loss, st = row.objective(pi, ref_lp, labels.to(pi.device), *mis, length=length, **hp)
-    elif with_ref:
-        loss, st = row.objective(pi[:n], pi[n:], ref_lp[:n], ref_lp[n:], chosen_len=length[:n],
-                                 **hp)
+        desirable, *mis = labels
+        loss, st = row.objective(pi, ref, desirable[idx].to(pi.device), *mis, length=length, **hp)
+    elif ref is not None:
+        loss, st = row.objective(pi[:k], pi[k:], ref[:k], ref[k:], chosen_len=length[:k], **hp)
     else:
-        loss, st = row.objective(pi[:n], pi[n:], length[:n], length[n:], **hp)
-    stats = {**{f"rl/{k}": float(v) for k, v in st.items()}, "rl/n_seqs": len(rows)}
-    if with_ref:
-        stats["rl/log_ratio"] = (pi.detach() - ref_lp).mean().item()  # mean log pi/ref
-    return loss * len(rows) / all_reduce(float(len(rows))).item(), stats
+        loss, st = row.objective(pi[:k], pi[k:], length[:k], length[k:], **hp)
+    stats = {f"rl/{key}": v for key, v in st.items()}
+    if ref is not None:
+        stats["rl/log_ratio"] = (pi.detach() - ref).mean()  # mean log pi/ref
+    return loss * k / total, stats

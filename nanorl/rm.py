@@ -41,6 +41,8 @@ def check(cfg, row):
         raise UserError(f"reward must be verifier or rm, got {cfg.reward}")
     if cfg.reward == "rm" and (row.family != "pg" or row.binary):
         raise UserError(f"--reward=rm gives real-valued rewards; {cfg.loss} needs the verifier")
+    if cfg.reward == "rm" and "teacher" in row.needs:
+        raise UserError(f"{cfg.loss} learns from its teacher, never from a reward: drop --reward=rm")
 
 
 class RewardModel:

@@ -78,11 +78,15 @@ def test_read_only_out_dir(sft_ckpt, tmp_path, earlier):  # noqa: F811
 
 
 def test_same_seeds_same_table_failed_run_is_a_row_and_nothing_is_lost(sft_ckpt, tmp_path, earlier, monkeypatch):  # noqa: F811
-    """cliff refuses overlong shaping (a run that fails); grpo and the sft baseline run twice into the
-    same out_dir: the tables agree apart from timing, the earlier runs are kept as .old<k>."""
+    """cliff refuses a checkpoint graded by the text verifier (a run that fails); grpo and the sft
+    baseline run twice into the same out_dir: the tables agree apart from timing, the earlier runs are
+    kept as .old<k>."""
+    import sft
+    from test_rl import TINY_SFT
     out, _ = earlier
-    cfg = compare.Config(losses="grpo,cliff,sft", sft_ckpt=sft_ckpt, out_dir=str(out),
-                         **{**TINY, "rl_args": TINY["rl_args"] + " --overlong_window=2"})
+    sft.main(sft.Config(out_dir=str(tmp_path / "sft-text"), verifier="text", **TINY_SFT))
+    cfg = compare.Config(losses="grpo,cliff,sft", sft_ckpt=str(tmp_path / "sft-text" / "ckpt.pt"),
+                         out_dir=str(out), **TINY)
     try:  # imported whole first, so that hiding it below and bringing it back leaves sys.modules intact
         import matplotlib.pyplot  # noqa: F401
     except ImportError:
@@ -97,7 +101,7 @@ def test_same_seeds_same_table_failed_run_is_a_row_and_nothing_is_lost(sft_ckpt,
     assert [r[0] for r in t[1:]] == ["grpo", "cliff (1 of 1 seeds failed: see runs/cliff-s1337/log.txt)", "sft"]
     assert "baselines (budget auto): sft 9" in md1  # 2 x 4.6, the same training time here
     assert t[2][1:3] == ["—", "— → —"]
-    assert "cliff needs binary rewards" in (out / "runs" / "cliff-s1337" / "log.txt").read_text()
+    assert "only the exact verifier" in (out / "runs" / "cliff-s1337" / "log.txt").read_text()
     assert t[1][1] == "2" and t[3][1] == "9" and t[1][2].startswith("0.") and "→" in t[3][2]  # steps, accuracy
 
     second = compare.main(cfg)

@@ -1,5 +1,6 @@
 """bench/gpu_check.py --cpu_smoke: every step of the GPU check runs on the CPU at tiny sizes
 and prints its row of the table, ok or (the CUDA tests) skipped, never FAIL."""
+import argparse
 import os
 import subprocess
 import sys
@@ -21,3 +22,18 @@ def test_cpu_smoke_prints_the_table_without_a_failure(tmp_path):
     assert all(row[1] == "ok" and float(row[2]) >= 0 for row in rows[1:]), rows
     assert "tok/s" in rows[3][3] and "over gloo" in rows[4][3]
     assert "prime-rl" in r.stdout and "https://github.com/" in r.stdout  # the published figure
+
+
+def test_the_cuda_tests_step_collects_only_their_file_and_names_a_missing_pytest(monkeypatch, tmp_path):
+    """requirements.txt alone has no pytest (and no transformers, which tests/test_hf.py needs):
+    the step says what to install in one line, and never collects another test file."""
+    sys.path.insert(0, os.path.join(ROOT, "bench"))
+    import gpu_check
+    args = argparse.Namespace(out_dir=str(tmp_path), cpu_smoke=True)
+    cmds = []
+    monkeypatch.setattr(gpu_check, "call", lambda name, cmd, a: cmds.append(cmd) or (0, ""))
+    gpu_check.check_tests(args)
+    assert cmds[0][-1] == "tests/test_cuda.py" and not any(c.startswith("tests/") for c in cmds[0][:-1])
+    real = gpu_check.importlib.util.find_spec
+    monkeypatch.setattr(gpu_check.importlib.util, "find_spec", lambda n, *a: None if n == "pytest" else real(n, *a))
+    assert gpu_check.check_tests(args) == ("FAIL", "pytest is not installed: pip install -r requirements-test.txt")

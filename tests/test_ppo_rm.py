@@ -87,7 +87,7 @@ def test_adaptive_kl_controller_moves_beta(sft_ckpt, tmp_path, varied_reward):  
     controller's largest step, 1 - 0.2 * (rollout rows) / 10000."""
     _, rows = run(sft_ckpt, tmp_path, loss="ppo", kl_target=0.01, max_iters=2)
     train = [r for r in rows if "rl/beta" in r]
-    assert train[0]["rl/beta"] == 0.05 and abs(train[0]["rl/kl_k1"]) < 1e-6
+    assert train[0]["rl/beta"] == 0.05 and abs(train[0]["rl/kl_k1_seq"]) < 1e-6
     assert train[1]["rl/beta"] == pytest.approx(0.05 * (1 - 0.2 * train[0]["rl/n_groups"] * 4 / 10000))
 
 
@@ -120,7 +120,7 @@ def test_remax_scores_samples_and_their_greedy_baseline_on_one_scale(sft_ckpt, r
     from test_rl import make_run
     model, task = rl.load_policy(sft_ckpt, False, torch.device("cpu"))
     rm = RewardModel.load(rm_ckpt[0], task.tok, torch.device("cpu"))
-    cfg = rl.Config(loss="remax", reward="rm", prompts_per_step=8, group_size=4, dynamic_sampling=False,
+    cfg = rl.Config(loss="remax", reward="rm", prompts_per_step=8, group_size=4, dynamic_sampling=False, max_new_tokens=8,
                     overlong_window=0, temperature=0.3)  # peaked: samples repeat the greedy answer
     row = L.ALGOS["remax"]
     batch, _ = rl.collect(cfg, row, make_run(cfg, model, task, rm=rm), torch.Generator().manual_seed(0))

@@ -265,7 +265,7 @@ def test_micro_batches_give_the_same_step(loss, varied_reward):
     task = char_task()
     model = GPT(GPTConfig(vocab_size=task.tok.vocab_size, n_layer=1, n_head=2, n_embd=32,
                           scalar_head=loss == "ppo")).eval()
-    cfg = rl.Config(loss=loss, prompts_per_step=6, group_size=4, dynamic_sampling=False, overlong_window=0)
+    cfg = rl.Config(loss=loss, prompts_per_step=6, group_size=4, dynamic_sampling=False, overlong_window=0, max_new_tokens=8)
     batch, _ = rl.collect(cfg, L.ALGOS[loss], make_run(cfg, model, task), torch.Generator().manual_seed(0))
     N, T = batch.mask.shape
     for i in range(N):  # responses of 1..L tokens (the sampler's log-probs are 0 past the end)
@@ -335,6 +335,13 @@ def test_fewer_rows_than_minibatches_stops_with_one_line():
     (dict(loss="rloo", minibatches=2), "rloo takes one optimizer step per batch"),
     (dict(loss="dpo", minibatches=2), "dpo takes one optimizer step per batch"),
     (dict(loss="sft", ppo_epochs=3), "sft takes one optimizer step per batch"),
+    (dict(loss="opd", reward="rm", teacher_ckpt="t.pt"), "opd learns from its teacher, never from a reward"),
+    (dict(loss="gkd", reward="rm", teacher_ckpt="t.pt"), "gkd learns from its teacher"),
+    (dict(loss="opd", overlong_window=4, teacher_ckpt="t.pt"), "opd does not learn from rewards"),
+    (dict(loss="gkd", overlong_window=2, teacher_ckpt="t.pt"), "gkd does not learn from rewards"),
+    (dict(loss="rft", overlong_window=2), "rft does not learn from rewards"),
+    (dict(loss="dpo", pairs="online", dynamic_sampling=False), "dynamic sampling is always on"),
+    (dict(loss="grpo", pairs="online"), "grpo has no pairs"),
 ])
 def test_settings_that_change_the_algorithm_are_refused(tmp_path, kw, msg):
     with pytest.raises(rl.UserError, match=msg):
@@ -368,10 +375,11 @@ def test_dynamic_sampling_keeps_groups_by_accuracy_not_by_shaped_reward(monkeypa
         correct = torch.tensor([0., 0, 0, 0, 1, 0, 1, 0, 1, 1, 1, 1])  # all wrong, mixed, all right
         reward = correct + torch.tensor([-1, -0.5, 0, 0, 0, 0, 0, 0, 0, 0, 0, -0.5])  # shaped
         return rl.Rollout(torch.arange(12)[:, None], torch.zeros(12), torch.ones(12, 1), torch.zeros(12, 1),
-                          reward=reward, correct=correct)
+                          reward=reward, correct=correct, length=torch.ones(12),
+                          finished=torch.ones(12, dtype=torch.bool))
 
     monkeypatch.setattr(rl, "rollout", fake_rollout)
-    cfg = rl.Config(loss="dapo", prompts_per_step=3, group_size=4, max_refills=0)
+    cfg = rl.Config(loss="dapo", prompts_per_step=3, group_size=4, max_refills=0, max_new_tokens=8)
     run = make_run(cfg, None, char_task(list(range(10))))
     batch, stats = rl.collect(cfg, L.ALGOS["dapo"], run, None)
     assert batch.ids.flatten().tolist() == list(range(4, 8)) and stats["rl/zero_std_frac"] == pytest.approx(2 / 3)
@@ -460,7 +468,7 @@ def test_sampler_calls_hold_at_most_sample_batch_size_rows(sft_ckpt, monkeypatch
     monkeypatch.setattr(rl, "generate", lambda m, prompts, *a, G=1, **k: sizes.append(len(prompts) * G)
                         or generate(m, prompts, *a, G=G, **k))
     model, task = rl.load_policy(sft_ckpt, False, torch.device("cpu"))
-    cfg = rl.Config(group_size=4, sample_batch_size=8, eval_samples=2)
+    cfg = rl.Config(group_size=4, sample_batch_size=8, eval_samples=2, max_new_tokens=8)
     out = rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, model, task), list(range(5)), seeded("cpu", 0), 4, 1.0)
     assert sizes == [8, 8, 4] and out.ids.size(0) == 20
     sizes.clear()
@@ -494,7 +502,7 @@ def test_remax_baseline_is_each_prompts_greedy_reward(sft_ckpt, varied_reward):
     """ReMax samples a greedy response per prompt in the same step: its reward is the baseline of the
     prompt's G rows, and its mean is logged."""
     model, task = rl.load_policy(sft_ckpt, False, torch.device("cpu"))
-    cfg = rl.Config(loss="remax", prompts_per_step=4, group_size=4, overlong_window=0, dynamic_sampling=False)
+    cfg = rl.Config(loss="remax", prompts_per_step=4, group_size=4, overlong_window=0, dynamic_sampling=False, max_new_tokens=8)
     row = L.ALGOS["remax"]
     batch, stats = rl.collect(cfg, row, make_run(cfg, model, task), torch.Generator().manual_seed(0))
     idx = rl.rows.PromptSampler(len(task.train), 0, False).take(4)
@@ -508,13 +516,81 @@ def test_remax_dynamic_sampling_counts_the_greedy_reward(monkeypatch):
     a group equal to its greedy reward is dropped."""
     def fake_rollout(cfg, row, run, idx, gen, G, temperature):
         if G == 1:  # the greedy responses
-            return rl.Rollout(*([None] * 4), reward=torch.tensor([1.0, 0.0]))
+            return rl.Rollout(*([None] * 4), reward=torch.tensor([1.0, 0.0]), length=torch.ones(2))
         correct = torch.zeros(8)
         return rl.Rollout(torch.arange(8)[:, None], torch.zeros(8), torch.ones(8, 1), torch.zeros(8, 1),
-                          reward=correct, correct=correct)
+                          reward=correct, correct=correct, length=torch.ones(8),
+                          finished=torch.ones(8, dtype=torch.bool))
 
     monkeypatch.setattr(rl, "rollout", fake_rollout)
-    cfg = rl.Config(loss="remax", prompts_per_step=2, group_size=4, max_refills=0)
+    cfg = rl.Config(loss="remax", prompts_per_step=2, group_size=4, max_refills=0, max_new_tokens=8)
     batch, stats = rl.collect(cfg, L.ALGOS["remax"], make_run(cfg, None, char_task(list(range(10)))), None)
     assert batch.ids.flatten().tolist() == [0, 1, 2, 3] and batch.baseline.tolist() == [1.0] * 4
     assert stats["rl/zero_std_frac"] == 0.5 and stats["rl/greedy_reward"] == 0.5
+
+
+def test_an_online_pairs_step_without_a_mixed_group_updates_nothing(sft_ckpt, tmp_path, monkeypatch):
+    """No group holds a right and a wrong answer, so collect keeps none: the step logs n_groups 0
+    and skips the update (it handed the train problems to the offline pairs reader)."""
+    monkeypatch.setitem(VERIFIERS, "exact", lambda text, gold, reverse=False: 0.0)
+    res, rows = run(sft_ckpt, tmp_path, loss="dpo", pairs="online", max_refills=1, eval_samples=0)
+    train = [r for r in rows if "rl/n_groups" in r]
+    assert len(train) == 2 and all(r["rl/n_groups"] == 0 and "rl/loss" not in r for r in train)
+    assert all(torch.equal(p, q) for p, q in zip(res["model"].parameters(), res["ref"].parameters()))
+
+
+@pytest.mark.parametrize("loss", ["grpo", "remax"])
+def test_rollout_tok_s_counts_every_token_sampled(sft_ckpt, tmp_path, monkeypatch, varied_reward, loss):
+    """Refills, dropped groups and ReMax's greedy answers all cost sampling time: each is counted."""
+    sampled, real = [], rl.generate
+    monkeypatch.setattr(rl, "generate", lambda *a, **k: sampled.append(real(*a, **k)) or sampled[-1])
+    _, rows = run(sft_ckpt, tmp_path, loss=loss, max_refills=2, eval_samples=0)
+    train = [r for r in rows if "perf/rollout_tok_s" in r]
+    assert sum(r["rl/zero_std_frac"] for r in train) > 0  # some groups were dropped
+    assert sum(r["perf/rollout_tokens"] for r in train) == sum(o["response_mask"].sum().item() for o in sampled)
+    for r in train:
+        assert r["perf/rollout_tok_s"] * r["perf/rollout_s"] == pytest.approx(r["perf/rollout_tokens"])
+
+
+@pytest.mark.parametrize("loss", ["dpo", "kto", "simpo", "sft"])
+def test_micro_batch_size_bounds_preference_and_sft_forwards(sft_ckpt, tmp_path, monkeypatch, loss):
+    """--micro_batch_size is the memory knob of every row: no forward of a preference or sft step
+    holds more rows, and micro-batches add up to the whole batch's loss and gradient."""
+    import model as M
+    from nanorl import pref
+    sizes, real, step = [[]], M.response_forward, pref.step  # the step's forwards, not the evals'
+    monkeypatch.setattr(M, "response_forward", lambda m, ids, *a, **k: sizes[-1].append(len(ids)) or real(m, ids, *a, **k))
+    def recorded(*a):  # the forwards of the step go in a list of their own
+        sizes.append([])
+        out = step(*a)
+        sizes.append([])
+        return out
+    monkeypatch.setattr(pref, "step", recorded)
+    run(sft_ckpt, tmp_path, loss=loss, pairs_per_step=8, micro_batch_size=4, max_iters=1, eval_interval=100,
+        eval_samples=0)
+    assert sizes[1] and max(sizes[1]) <= 4 and sum(sizes[1]) >= 8
+    model, task = rl.load_policy(sft_ckpt, False, torch.device("cpu"))
+    row = L.ALGOS[loss]
+    data = pref.data(rl.Config(loss=loss), row, task)[:8]
+    rows, labels = (task.gold_rows(data), None) if row.data == "gold" else pref.record_rows(task.tok, data, True)
+    grads = []
+    for max_rows in (None, 3):
+        model.zero_grad()
+        loss_value, _ = pref.rows_loss(model, copy.deepcopy(model), task.tok.pad_id, rows, labels, row,
+                                       L.resolve_hparams(loss), max_rows)
+        grads.append((loss_value, [p.grad.clone() for p in model.parameters()]))
+    torch.testing.assert_close(grads[1][0], grads[0][0])
+    for g, h in zip(grads[0][1], grads[1][1]):
+        torch.testing.assert_close(h, g, atol=1e-6, rtol=1e-5)
+
+
+def test_rl_takes_the_checkpoints_max_new_tokens_and_warns_when_no_answer_ends(sft_ckpt, tmp_path, capsys):
+    """Unset, max_new_tokens is the SFT checkpoint's (a tool's traces need 80, not 8); a step in
+    which every rollout was cut says so in its line, not silently "n_groups 0"."""
+    ck = load_checkpoint(sft_ckpt)
+    cfg = rl.check(rl.Config(sft_ckpt=sft_ckpt))[0]
+    assert cfg.max_new_tokens == ck["config"]["max_new_tokens"] and rl.Config().max_new_tokens is None
+    _, rows = run(sft_ckpt, tmp_path, max_new_tokens=1, eval_samples=0, max_iters=4)
+    cut = [r["rl/sampled_truncated_frac"] == 1 for r in rows if "rl/n_groups" in r]
+    lines = [line for line in capsys.readouterr().out.splitlines() if "/4 |" in line]  # the step lines
+    assert any(cut) and cut == ["WARNING: every rollout ran out of max_new_tokens=1" in x for x in lines]

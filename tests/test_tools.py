@@ -20,7 +20,7 @@ from nanorl.tool_task import gold_rows, trace
 from nanorl.tools import MAX_CALLS, MAX_DIGITS, Calculator, calculator, env_mask
 from tests.test_rl import make_run
 from tokenizer import CharTokenizer
-from verify import VERIFIERS, tool_answer
+from verify import VERIFIERS, exact_answer
 
 TOK = CharTokenizer(task_alphabet("mul3_tool", []))
 TOOL = Calculator(TOK, reverse=True)
@@ -78,7 +78,7 @@ def test_every_trace_replays_through_the_calculator(reverse):
             text = format_prompt(trace(p, a), reverse)
             calls = CALL.findall(text)
             assert len(calls) == MAX_CALLS and all(calculator(e, reverse) == r for e, r in calls)
-            assert tool_answer(text, a, reverse) == 1.0
+            assert exact_answer(text.rpartition('}')[2], a, reverse) == 1.0
 
 
 def test_sft_loss_is_zero_exactly_on_the_tool_results():
@@ -206,7 +206,6 @@ def loss_and_grads(name, b, monkeypatch, scale):
         rows, labels = (gold, None) if row.data == "gold" else \
             pref.rollout_rows(b, row, cfg.group_size)
         loss, _ = pref.rows_loss(model, run.ref, TOK.pad_id, rows, labels, row, run.hp)
-        loss.backward()
     assert sum(fired) > 0, "no environment token reached the model"
     return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
@@ -235,6 +234,50 @@ def test_the_leak_test_fails_when_the_action_mask_is_ignored(name, monkeypatch):
     b.mask = (torch.arange(b.mask.size(1)) < b.length[:, None]).long()  # (N, L) every token
     with pytest.raises(AssertionError):
         assert_no_leak(name, b, monkeypatch)
+
+
+def test_the_token_mean_divides_by_the_policys_tokens_by_hand():
+    """dapo divides by every action token of the batch: at ratio 1 its loss is minus the sum of
+    each row's advantage over its action tokens, over their count, never the response length."""
+    b = tool_rollout()
+    cfg = rl.Config(loss="dapo", group_size=4, micro_batch_size=1024, overlong_window=0)
+    run = make_run(cfg, tool_model(seed=3))
+    ref_lp, adv, inputs, _ = rl.prepare(cfg, L.ALGOS["dapo"], run, b)
+    loss, _ = rl.accumulate(cfg, L.ALGOS["dapo"], run, b, adv, inputs, ref_lp, torch.arange(len(b.ids)),
+                            1024, first=False)
+    acts = b.mask.sum(1).tolist()  # (N,) the policy's tokens of each row
+    assert sum(acts) < b.length.sum().item()
+    want = -sum(a * n for a, n in zip(adv.tolist(), acts)) / sum(acts)
+    assert loss.item() == pytest.approx(want, abs=1e-5)
+
+
+def test_eval_kl_and_length_count_only_the_policys_tokens_by_hand():
+    """eval/kl is the k3 KL to the reference averaged over the action tokens of 4 samples per test
+    prompt, eval/resp_len their count per answer: the calculator's results are in neither."""
+    from types import SimpleNamespace
+    from nanorl.evaluate import Task, eval_kl
+    from nanorl.rows import encode_prompts
+    policy, ref = tool_model(seed=3), tool_model(seed=4)
+    test = load_split("mul3_tool", "val")[:6]
+    task = Task(TOK, "mul3_tool", True, "exact", 0, [], [], test, tool=TOOL)
+    cfg = SimpleNamespace(sample_batch_size=8, max_new_tokens=40, temperature=1.0)
+    m = eval_kl(policy, ref, task, cfg, torch.Generator().manual_seed(7), n=6)
+    gen = torch.Generator().manual_seed(7)
+    idx = torch.randperm(6, generator=gen).tolist()
+    kl, n_act, n_resp, rows = 0.0, 0, 0, 0
+    for i in range(0, 6, 2):  # sample_batch_size 8: 2 prompts x 4 samples a call
+        prompts = encode_prompts(TOK, [test[j][0] for j in idx[i:i + 2]], True)
+        out = generate(policy, prompts, 40, TOK.eos_id, TOK.pad_id, G=4, generator=gen, tool=TOOL)
+        P, n_resp = out["prompt_len"], n_resp + out["response_mask"].sum().item()
+        ref_lp = logprobs(ref, out["ids"], out["offsets"], out["action_mask"][:, P:])[0]
+        for r, acts in enumerate(out["action_mask"][:, P:].tolist()):
+            for t, a in enumerate(acts):
+                if a:
+                    x = ref_lp[r, t].item() - out["logps"][r, t].item()
+                    kl, n_act = kl + math.exp(x) - x - 1, n_act + 1
+            rows += 1
+    assert n_act < n_resp  # the environment wrote some tokens
+    assert m["eval/kl"] == pytest.approx(kl / n_act, rel=1e-4) and m["eval/resp_len"] == n_act / rows
 
 
 # ---------------------------------------------------------------- gaps in the response
@@ -356,7 +399,7 @@ def test_rollout_keeps_the_environments_tokens_in_each_response():
     max_new_tokens), so the graded response is the whole trace."""
     from nanorl.evaluate import Task
     problems = load_split("mul3_tool", "val")[:4]
-    task = Task(TOK, "mul3_tool", True, "tool", 0, problems, tool=TOOL)
+    task = Task(TOK, "mul3_tool", True, "exact", 0, problems, tool=TOOL)
     cfg = rl.Config(loss="grpo", group_size=4, max_new_tokens=40, overlong_window=0)
     model = tool_model(seed=3)
     b = rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, model, task), [0, 1, 2, 3],
@@ -369,6 +412,40 @@ def test_rollout_keeps_the_environments_tokens_in_each_response():
     assert (b.length > b.mask.sum(1)).sum() >= 4  # rows with the environment's tokens
 
 
+def fake_generate(rows):
+    """A model.generate stand-in whose rows are [(text, 1 if the environment wrote it)] segments
+    (reversed digits, as the model writes them), each ended with EOS."""
+    def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, **kw):
+        ids = [sum((TOK.encode(t) for t, _ in r), []) + [eos_id] for r in rows]
+        env = [sum(([e] * len(t) for t, e in r), []) + [0] for r in rows]
+        L, P = max(map(len, ids)), len(prompts[0])
+        out = torch.full((len(rows), P + L), pad_id)
+        act, resp = torch.zeros(len(rows), P + L, dtype=torch.long), torch.zeros_like(out)
+        for i, (r, e) in enumerate(zip(ids, env)):
+            out[i, :P], out[i, P:P + len(r)] = torch.tensor(prompts[0]), torch.tensor(r)
+            act[i, P:P + len(r)], resp[i, P:P + len(r)] = 1 - torch.tensor(e), 1
+        return dict(ids=out, offsets=torch.zeros(len(rows), dtype=torch.long), action_mask=act,
+                    response_mask=resp, logps=torch.zeros(len(rows), L), prompt_len=P)
+    return generate
+
+
+def test_the_reward_reads_the_text_after_the_environments_last_token(monkeypatch):
+    """`}` is a token the policy may write itself: only the action mask says where the
+    environment's last result ends. Gold 56088 (written 88065), the verifier of
+    configs/mul3_tool.py: the answer after the policy's own `}` earns nothing."""
+    from nanorl.config import load_config
+    from nanorl.evaluate import Task
+    rows = [[("999}88065", 0)], [("[1*2}88065", 0)], [("[321*6]", 0), ("{837}", 1), ("77}88065", 0)],
+            [("[321*6]", 0), ("{837}", 1), ("[837+0516]", 0), ("{88065}", 1), ("88065", 0)],
+            [("[321*6]", 0), ("{88065}", 1)], [("88065", 0)]]
+    verifier = load_config(sft.Config, ["configs/mul3_tool.py"]).verifier
+    task = Task(TOK, "mul3_tool", True, verifier, 0, [("123*456=", "56088")], tool=TOOL)
+    cfg = rl.Config(loss="grpo", group_size=len(rows), max_new_tokens=40, overlong_window=0)
+    monkeypatch.setattr(rl, "generate", fake_generate(rows))
+    b = rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, None, task), [0], None, len(rows), 1.0)
+    assert b.correct.tolist() == [0, 0, 0, 1, 0, 1]
+
+
 # ---------------------------------------------------------------- every family, end to end
 
 
@@ -376,7 +453,7 @@ def test_rollout_keeps_the_environments_tokens_in_each_response():
 def tool_ckpt(tmp_path_factory):
     """A tiny SFT on calculator traces (it calls the tool, its answers mostly wrong)."""
     out = tmp_path_factory.mktemp("sft-tool")
-    sft.main(sft.Config(task="mul3_tool", verifier="tool", block_size=96, max_new_tokens=80,
+    sft.main(sft.Config(task="mul3_tool", block_size=96, max_new_tokens=80,
                         out_dir=str(out), n_layer=1, n_head=2, n_embd=32, batch_size=64, lr=3e-3,
                         warmup_iters=5, max_iters=60, eval_interval=60, eval_samples=0,
                         threads=1, bf16=False))
@@ -393,10 +470,11 @@ def test_every_family_trains_on_the_tool_task(name, tool_ckpt, tmp_path, monkeyp
     monkeypatch.setattr(E, "load_split", small)
     reward = (lambda *a, **k: 1.0) if name == "rft" else \
         (lambda text, gold, reverse=False: float(len(text) % 2))  # varied: the model is never right
-    monkeypatch.setitem(VERIFIERS, "tool", reward)
+    monkeypatch.setitem(VERIFIERS, "exact", reward)
     cfg = rl.Config(loss=name, sft_ckpt=tool_ckpt, out_dir=str(tmp_path), max_iters=2,
                     eval_interval=2, prompts_per_step=4, group_size=4, eval_samples=2,
-                    max_new_tokens=80, threads=1, pairs="online", dynamic_sampling=False,
+                    max_new_tokens=80, threads=1, pairs="online" if name == "dpo" else "offline",
+                    dynamic_sampling=name == "dpo",
                     teacher_ckpt=tool_ckpt if name == "gkd" else "")
     rl.main(cfg)
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
