@@ -58,6 +58,10 @@ AT_TEMPERATURE = (O + "stale_batch_at_a_temperature_recomputes_pi_old_at_it",)
 OFF_MASK = (O + "logp_mismatch_reads_only_the_policys_tokens",)
 GRADE = (R + "the_same_response_under_two_prompts_gets_each_prompts_grade",)
 MISMATCH = (R + "tempered_sampling_matches_training_and_dropout_is_off",)  # sft + 3 rl steps
+EV, DDP = "nanorl/evaluate.py", "tests/test_ddp.py::test_"
+SPLIT = (T + "the_reward_reads_the_text_after_the_environments_last_token",)
+EVAL_KL = (T + "eval_kl_and_length_count_only_the_policys_tokens_by_hand",)
+TOKEN_MEAN = (T + "the_token_mean_divides_by_the_policys_tokens_by_hand",)
 MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     # reductions, log-probs, entropy
     (LP, "x = torch.where(mask.bool(), x, 0.0)", "x = x * mask",
@@ -483,8 +487,44 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "counts: response tokens counted as the environment's", COUNTS),
     (TL, "env = ~act & (torch.arange(ids.size(1), device=ids.device) < length[:, None])",
      "env = ~act", "counts: padding counted as environment tokens", COUNTS),
-    ("verify.py", 'completion.rpartition("}")[2]', 'completion.partition("}")[2]',
-     "tool_answer: the text after the first result, not the last", VERIFY + TOOLS),
+    (EV, "start = max((i + 1 for i, a in enumerate((act or ())[:len(ids)]) if not a), default=0)",
+     "start = min((i + 1 for i, a in enumerate((act or ())[:len(ids)]) if not a), default=0)",
+     "grade: the answer after the environment's first token, not its last", SPLIT),
+    (EV, "start = max((i + 1 for i, a in enumerate((act or ())[:len(ids)]) if not a), default=0)",
+     "start = 0", "grade: the whole response, the environment's results too", SPLIT),
+    # correctness III: eval KL mask, token-mean count, the empty online step, the DDP scale
+    (EV, 'mask = out["action_mask"][:, out["prompt_len"]:]  # (n, L)',
+     'mask = out["response_mask"][:, out["prompt_len"]:]  # (n, L)',
+     "eval_kl: KL and length over the environment's tokens too", EVAL_KL),
+    (RL, "counts = all_reduce([b.mask[mb].sum().item(), float(len(mb))])",
+     "counts = all_reduce([b.length[mb].sum().item(), float(len(mb))])",
+     "accumulate: the token mean counts the environment's tokens", TOKEN_MEAN),
+    (PF, "rollout_rows(b, row, cfg.group_size) if b is not None else ([], None)",
+     "rollout_rows(b, row, cfg.group_size)", "pref.step: an online step without pairs crashes",
+     (R + "an_online_pairs_step_without_a_mixed_group_updates_nothing",)),
+    (PF, "    if offline(cfg, row):\n        n = cfg.pairs_per_step",
+     "    if b is None:\n        n = cfg.pairs_per_step",
+     "pref.step: no online pairs read as the offline files", 
+     (R + "an_online_pairs_step_without_a_mixed_group_updates_nothing",)),
+    ("nanorl/ddp.py", "p.grad = g.view_as(p)", "p.grad = 2 * g.view_as(p)",
+     "sync_grads: the summed gradient doubled", (DDP + "ranks_with_any_share_of_the_groups_equal_one_"
+                                                 "process_on_the_whole_batch",)),
+    (RL, 'return {**stats, **out, **(rollout_metrics(b, tool=run.task.tool) if out and b else {})}',
+     'return {**stats, **out, **(rollout_metrics(b, tool=run.task.tool) if b else {})}',
+     "train_step: ranks log different keys when one had no pairs",
+     (DDP + "an_online_pairs_step_with_no_pair_on_one_rank_skips_the_update_on_both",)),
+    (RL, 'n_tok += greedy.length.sum().item()', 'n_tok += 0',
+     "collect: ReMax's greedy tokens not counted in rollout tok/s",
+     (R + "rollout_tok_s_counts_every_token_sampled",)),
+    (RL, "n_tok, n_rows = n_tok + b.length.sum().item(), n_rows + len(b.ids)",
+     "n_tok, n_rows = n_tok + b.length[:0].sum().item(), n_rows + len(b.ids)",
+     "collect: sampled tokens not counted", (R + "rollout_tok_s_counts_every_token_sampled",)),
+    (PF, "size = max(1, (max_rows or len(rows)) // (2 if pairs else 1))",
+     "size = max(1, len(rows) // (2 if pairs else 1))", "rows_loss: micro_batch_size ignored",
+     (R + "micro_batch_size_bounds_preference_and_sft_forwards",)),
+    (PF, "return loss * k / total, stats", "return loss / total, stats",
+     "unit_loss: a micro-batch's mean not weighted by its share",
+     (R + "micro_batch_size_bounds_preference_and_sft_forwards",)),
     ("sft.py", "[1] * len(p) + (m[0] if m else [1] * len(r))", "[1] * (len(p) + len(r))",
      "encode_split: loss_on=all trains on the tool's results", TOOLS),
     ("nanorl/rows.py", "torch.tensor(m[0] if m else [1] * len(r))\n    return ids, mask",
