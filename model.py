@@ -207,7 +207,7 @@ def sample_next(logits, temperature, top_k, generator):
 
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.0, top_k=None,
-             generator=None, use_cache=True, tool=None):
+             generator=None, use_cache=True, env=None):
     """G responses to each prompt (lists of token ids) -> a dict (N = len(prompts) G,
     P the longest prompt, L the longest response):
       ids            (N, P+L)  left-padded prompt, response, right padding with pad_id
@@ -215,10 +215,11 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
       action_mask    (N, P+L)  the same less the environment's tokens
       logps          (N, L)    each sampled token's log-prob under the sampling distribution
                                (temperature 0: greedy, untempered; top-k), 0 off actions
+      turn_rewards   (N, L)    with env: each turn's reward on its last token, else absent
       offsets        (N,)      left-pad count of each row
       prompt_len     P
-    tool: once a row samples tool.close_id, tool(its response ids) are forced in, a token a
-    step (counted in max_new_tokens), log-prob 0 (nanorl/tools.py)."""
+    env (nanorl/episodes.py): once row r samples env.turn_end, env.step(r, its response ids)
+    gives the ids forced in next, a token a step (counted in max_new_tokens), log-prob 0."""
     was_training, device = model.training, next(model.parameters()).device
     model.eval()  # no dropout in rollouts
     B, P = len(prompts), max(len(p) for p in prompts)
@@ -237,6 +238,7 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
     seq, offsets = seq.repeat_interleave(G, dim=0), offsets.repeat_interleave(G, dim=0)
     done, toks, logps, masks = torch.zeros(B * G, dtype=torch.bool, device=device), [], [], []
     queue, acts = {}, []  # row -> the environment's tokens it still has to take
+    rewards = torch.zeros(B * G, max_new_tokens) if env else None  # (N, max_new_tokens)
     for t in range(max_new_tokens):
         tok, logp_all = sample_next(logits[node], temperature, top_k, generator)
         act = ~done  # (N,) the policy's own tokens
@@ -247,9 +249,11 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
         tok = torch.where(done, pad_id, tok)  # (N,)
         toks.append(tok), masks.append(~done), acts.append(act)
         logps.append(torch.where(act, logp_all.gather(1, tok[:, None]).squeeze(1), 0.0))
-        calls = (act & (tok == tool.close_id)).nonzero()[:, 0].tolist() if tool else []
-        for r, ids in zip(calls, torch.stack(toks, 1)[calls].tolist() if calls else []):
-            queue[r] = tool(ids)  # a call closed: its result comes next
+        ends = (act & (tok == env.turn_end)).nonzero()[:, 0].tolist() if env else []
+        for r, ids in zip(ends, torch.stack(toks, 1)[ends].tolist() if ends else []):
+            obs, rewards[r, t] = env.step(r, ids)
+            if obs:  # a turn ended: the environment's answer comes next
+                queue[r] = obs
         done = done | (tok == eos_id)
         if bool(done.all()) or t == max_new_tokens - 1:
             break
@@ -261,9 +265,10 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
     model.train(was_training)
     prompt, zeros = seq[:, :P], torch.zeros_like(seq[:, :P])  # (N, P) each
     mask, act = torch.stack(masks, 1).long(), torch.stack(acts, 1).long()  # (N, L) each
-    return dict(ids=torch.cat([prompt, torch.stack(toks, 1)], 1), logps=torch.stack(logps, 1),
-                response_mask=torch.cat([zeros, mask], 1), offsets=offsets, prompt_len=P,
-                action_mask=torch.cat([zeros, act], 1))
+    out = dict(ids=torch.cat([prompt, torch.stack(toks, 1)], 1), logps=torch.stack(logps, 1),
+               response_mask=torch.cat([zeros, mask], 1), offsets=offsets, prompt_len=P,
+               action_mask=torch.cat([zeros, act], 1))
+    return out if env is None else {**out, "turn_rewards": rewards[:, :len(toks)].to(device)}
 
 
 def extend(model, cache, node, node_off, tok, done):

@@ -20,7 +20,7 @@ from typing import Optional
 
 import torch
 
-from data.tasks import TASKS, load_problems
+from data.tasks import env_of, load_problems
 from model import generate, seeded
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError, run_cli
@@ -122,8 +122,8 @@ def main(cfg):
     model, tok = model_from_checkpoint(ckpt, cfg.sft_ckpt, scalar_head=True)  # + a fresh head
     model.to(dev)
     task, reverse = ckpt_settings(ckpt, cfg.sft_ckpt, "task", "reverse")
-    if TASKS.get(task, {}).get("tool"):  # the pairs files hold answers, not traces
-        raise UserError(f"a reward model scores direct answers; task {task!r} answers in traces")
+    if env_of(task):  # the pairs files hold answers, not episodes
+        raise UserError(f"a reward model scores direct answers; task {task!r} plays episodes")
     t0 = time.time()
     pairs = load_pairs(cfg, model, tok, task, reverse, rank, world)
     chosen, rejected, kinds = pairs["train"]

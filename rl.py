@@ -24,7 +24,7 @@ from nanorl import cliff, cov, distill, loop, offpolicy, pref, remax, rm, rows
 from nanorl.checkpoint import load_checkpoint, unwrap
 from nanorl.config import UserError, check_bounds, run_cli
 from nanorl.ddp import all_reduce, bf16_default, mean_over_ranks, world_size
-from nanorl.evaluate import Task, evaluate_policy, grade, load_policy, rollout_metrics
+from nanorl.evaluate import Task, evaluate_policy, load_policy, rollout_metrics
 from nanorl.logger import Logger
 from nanorl.rm import RMFlags, RewardModel
 from verify import overlong_penalty
@@ -41,6 +41,7 @@ class Config(RMFlags, pref.Flags, distill.Flags, offpolicy.Flags, L.Knobs, loop.
     prompts_per_step: int = 64
     group_size: int = 16  # G samples per prompt
     temperature: float = 1.0  # the sampler's and the loss's
+    env_args: dict = field(default_factory=dict)  # the task's environment's arguments
     max_new_tokens: Optional[int] = None  # None: the SFT checkpoint's
     dynamic_sampling: bool = True  # drop groups without signal, refill them
     max_refills: int = 4  # extra rollout rounds per step
@@ -92,17 +93,25 @@ def check(cfg):
 class Rollout:  # N = prompts x G samples, responses aligned at 0
     ids: torch.Tensor  # (N, P+L) left-padded prompt, response, right padding
     offsets: torch.Tensor  # (N,) left-pad count of each row
-    mask: torch.Tensor  # (N, L) 1 on the policy's tokens (not a tool's), EOS included
+    mask: torch.Tensor  # (N, L) 1 on the policy's tokens (not an environment's), EOS included
     mu: torch.Tensor  # (N, L) the sampler's log-probs
     old: torch.Tensor = None  # (N, L) pi_old: mu unless offpolicy.py recomputes it
-    reward: torch.Tensor = None  # (N,) the verifier's or RM's, plus shaping
-    correct: torch.Tensor = None  # (N,) the verifier's 0/1
+    reward: torch.Tensor = None  # (N,) the return: score (or the RM's) + turn rewards + shaping
+    correct: torch.Tensor = None  # (N,) the final score: the verifier's or the episode's
     first_wrong: torch.Tensor = None  # (N,) CLIFF's first wrong token, or -1
     length: torch.Tensor = None  # (N,) response tokens with EOS, the environment's too
     finished: torch.Tensor = None  # (N,) ended with EOS
     values: torch.Tensor = None  # (N, L) PPO: V_old
     baseline: torch.Tensor = None  # (N,) ReMax: the greedy answer's reward
     rm_reward: torch.Tensor = None  # (N,) the RM's raw score
+    turn_rewards: torch.Tensor = None  # (N, L) an environment's, on each turn's last token
+    turns: torch.Tensor = None  # (N,) an environment's turns
+    invalid: torch.Tensor = None  # (N,) the turns it could not take
+
+    def returns(self):
+        """(N,) the final score plus the turns' rewards: the return without shaping."""
+        return self.correct if self.turn_rewards is None else \
+            self.correct + self.turn_rewards.sum(1)
 
 
 @dataclass
@@ -111,7 +120,7 @@ class Run:  # what setup builds once and every step reads
     fwd: torch.nn.Module
     ref: torch.nn.Module  # the frozen reference
     opt: torch.optim.Optimizer
-    task: Task  # tokenizer, verifier, tool, this rank's train rows, val, test
+    task: Task  # tokenizer, verifier, environment, this rank's train rows, val, test
     prompts: rows.PromptSampler  # seeded epochs over task.train
     hp: dict  # the row's hyperparameters (adaptive KL moves beta)
     rm: Optional[RewardModel] = None
@@ -125,26 +134,38 @@ class Run:  # what setup builds once and every step reads
 def rollout(cfg, row, run, idx, gen, G, temperature):
     """G graded samples of each train problem of idx -> a Rollout."""
     task, tok = run.task, run.task.tok
-    gold = task.gold_rows([task.train[i] for i in idx])
-    n, parts = max(1, cfg.sample_batch_size // G), []  # prompts per sampler call
-    for i in range(0, len(gold), n):
-        o = generate(run.model, [g[0] for g in gold[i:i + n]], cfg.max_new_tokens, tok.eos_id,
-                     tok.pad_id, G=G, temperature=temperature, generator=gen, tool=task.tool)
-        P = o["prompt_len"]  # mask: the policy's tokens; length: a tool's too
-        parts.append(Rollout(o["ids"], o["offsets"], o["action_mask"][:, P:], o["logps"],
-                             length=o["response_mask"][:, P:].sum(1).float()))
-    b, window, seen, graded = rows.cat(parts), cfg.overlong_window, {}, []
+    problems, parts = [task.train[i] for i in idx], []
+    prompts = rows.encode_prompts(tok, [p for p, _ in problems], task.reverse)
+    n = max(1, cfg.sample_batch_size // G)  # prompts per sampler call
+    for i in range(0, len(problems), n):
+        env = task.episodes(problems[i:i + n], G)  # an environment's episodes, or None
+        o = generate(run.model, prompts[i:i + n], cfg.max_new_tokens, tok.eos_id, tok.pad_id,
+                     G=G, temperature=temperature, generator=gen, env=env)
+        parts.append(graded(cfg, row, task, o, problems[i:i + n], G, env))
+    b = rows.cat(parts)
+    if row.advantage == "first_wrong":  # CLIFF: against the gold answer's tokens
+        b.first_wrong = cliff.first_wrong(b, [g for _, g in task.gold_rows(problems)], G)
+    return b
+
+
+def graded(cfg, row, task, o, problems, G, env):
+    """A sampler call's result -> its Rollout, scored (a group's identical samples once)."""
+    P, window, seen, scores = o["prompt_len"], cfg.overlong_window, {}, []
+    b = Rollout(o["ids"], o["offsets"], o["action_mask"][:, P:], o["logps"], o["logps"],
+                length=o["response_mask"][:, P:].sum(1).float(), turn_rewards=o.get("turn_rewards"))
     for r, (ids, act) in enumerate(zip(rows.responses(b), b.mask.tolist())):
-        key = (r // G, *ids)  # a group's identical samples are graded once
+        key = (r // G, *ids)  # one problem, so one answer (and one secret) per group
         if key not in seen:
-            c = grade(tok, ids, task.train[idx[r // G]][1], task.reverse, task.verifier, act)
+            c = task.score(ids, act, problems[r // G], env, r)
             pen = overlong_penalty(len(ids), cfg.max_new_tokens, window) if window else 0
-            wrong = cliff.first_wrong_token(ids, gold[r // G][1])
-            seen[key] = c, c + pen, -1 if wrong is None else wrong, ids[-1:] == [tok.eos_id]
-        graded.append(seen[key])
-    b.correct, b.reward, b.first_wrong, b.finished = (
-        torch.tensor(v, device=b.ids.device) for v in zip(*graded))
-    b.old = b.mu
+            seen[key] = c, c + pen, ids[-1:] == [task.tok.eos_id]
+        scores.append(seen[key])
+    b.correct, b.reward, b.finished = (torch.tensor(v, device=b.ids.device) for v in zip(*scores))
+    if env:  # the turns' rewards join the return
+        b.turns, b.invalid = (t.to(b.ids.device) for t in env.stats())
+        b.reward = b.reward + b.turn_rewards.sum(1)
+        if row.binary and b.turn_rewards.any():
+            raise UserError(f"{cfg.loss} needs 0/1 rewards; this environment pays every turn")
     return b
 
 
@@ -164,7 +185,7 @@ def collect(cfg, row, run, gen):
         if run.rm:  # the RM's score for the verifier's
             run.rm.score(b, cfg.rm_normalize, update=True)
         run.prompts.record(idx, b.correct.view(-1, G))
-        R = (b.reward if run.rm else b.correct).view(-1, G)  # (groups, G)
+        R = (b.reward if run.rm else b.returns()).view(-1, G)  # (groups, G) no shaping
         if "greedy" in row.needs:  # ReMax: each prompt's greedy answer
             greedy = rollout(cfg, row, run, idx, gen, 1, 0.0)
             n_tok += greedy.length.sum().item()
@@ -216,7 +237,10 @@ def token_advantages(kind, hp, b, R, ref_lp, G):
     whitened over all ranks -> ((N, L), inputs)."""
     if kind == "rpp_baseline":  # R minus its group's mean first
         R = L.group_advantages(R.view(-1, G), "mean").flatten()
+    turns = b.turn_rewards  # (N, L) an environment's, on their turns' last tokens, or None
+    R = R if turns is None else R - turns.sum(1)  # the rest on the last token
     rewards = L.kl_in_reward(R, b.old, ref_lp if hp["beta"] else b.old, b.mask, hp["beta"])
+    rewards = rewards if turns is None else rewards + turns
     gae = kind == "gae"
     v = b.values if gae else torch.zeros_like(rewards)  # V = 0, gamma = lam = 1
     adv, ret = L.gae(rewards, v, b.mask, *((hp["gamma"], hp["lam"]) if gae else (1.0, 1.0)))
@@ -308,13 +332,12 @@ def train_step(cfg, row, run, lr, gen):
             return stats
     if row.family != "pg":  # {} when some rank had no rows: then no rank logs its rollout
         out = pref.step(cfg, row, run, b, lr)
-        return {**stats, **out, **(rollout_metrics(b, tool=run.task.tool) if out and b else {})}
+        return {**stats, **out, **(rollout_metrics(b) if out and b else {})}
     if all_reduce(float(b is None), "max").item():  # on any rank: no update
         return stats
     ref_lp, adv, inputs, pre = prepare(cfg, row, run, b)
     stats.update(pre, **update(cfg, row, run, b, adv, inputs, ref_lp, lr, gen))
-    return {**stats, **rollout_metrics(b, ref_lp, inputs.get("returns"), run.hp.get("beta"),
-                                       run.task.tool)}
+    return {**stats, **rollout_metrics(b, ref_lp, inputs.get("returns"), run.hp.get("beta"))}
 
 
 @torch.no_grad()
@@ -342,8 +365,8 @@ def prepare(cfg, row, run, b):
 
 def setup(cfg, row, hp, dev, rank, world):
     """The policy, reference, optimizer, this rank's data, an RM, a teacher -> Run."""
-    model, task = load_policy(cfg.sft_ckpt, "values" in row.needs, dev)
-    task.check(row.advantage == "first_wrong", cfg.max_new_tokens, model.config.block_size)
+    model, task = load_policy(cfg.sft_ckpt, "values" in row.needs, dev, cfg.env_args)
+    task.check(row, cfg.max_new_tokens, model.config.block_size)
     task.train = (task.train if row.family == "pg" else pref.data(cfg, row, task))[rank::world]
     select = cfg.prompt_selection and "teacher" not in row.needs and not pref.offline(cfg, row)
     opt = loop.adamw(model, cfg.lr, cfg.weight_decay, hp.get("vf_lr_mult"))

@@ -1,23 +1,24 @@
 """Sample completions from a checkpoint, one `prompt+answer` line each (normal digit order); with
-gold answers on the lines (data/*/test.txt) the accuracy goes to stderr. A tool task's lines
-show the trace, the calculator's results in braces (nanorl/tool_task.py).
+gold answers on the lines (data/*/test.txt) or a split of the checkpoint's task, the accuracy goes
+to stderr. An environment's episode (a tool's calls, a game) shows turn by turn: the policy's
+text, then the environment's answer.
 
     python sample.py --ckpt=out/sft-mul/ckpt.pt --prompts_file=data/mul/test.txt --num_samples=4
-    python sample.py --ckpt=out/rl-tool/ckpt.pt --prompt=123*456= --tool=error  # a dead tool
+    python sample.py --ckpt=out/rl-tool/ckpt.pt --prompt=123*456= --env_args='{"broken": true}'
+    python sample.py --ckpt=out/rl-guess/ckpt.pt --split=test --temperature=1  # 100 games
 """
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 
 from data.tasks import format_prompt, parse_answer
 from model import generate
-from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
+from nanorl.checkpoint import load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError, run_cli
-from nanorl.evaluate import grade, verifier_of
+from nanorl.evaluate import Task
 from nanorl.rows import encode_prompts, responses
-from nanorl.tool_task import tool_of
 
 
 @dataclass
@@ -29,15 +30,16 @@ class Config:
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     max_new_tokens: int = 0  # 0: the checkpoint's
-    tool: str = "calc"  # a tool task's calculator; "error": it answers only "?"
+    split: str = ""  # or every problem of a split of the checkpoint's task: val, test
+    env_args: dict = field(default_factory=dict)  # the task's environment's arguments
     seed: int = 1337
     batch_size: int = 512  # prompts per sampler call
 
 
 def read_prompts(cfg, tok, block_size):
     """[(prompt, gold or None)]; a line the model cannot take is one error naming it."""
-    if bool(cfg.prompt) == bool(cfg.prompts_file):
-        raise UserError("give exactly one of --prompt=... or --prompts_file=...")
+    if bool(cfg.prompt) + bool(cfg.prompts_file) + bool(cfg.split) != 1:
+        raise UserError("give exactly one of --prompt=..., --prompts_file=... or --split=...")
     where = cfg.prompts_file or "--prompt"
     try:
         text = Path(cfg.prompts_file).read_text("utf-8-sig") if cfg.prompts_file else cfg.prompt
@@ -64,31 +66,43 @@ def read_prompts(cfg, tok, block_size):
 def main(cfg):
     ckpt = load_checkpoint(cfg.ckpt)
     model, tok = model_from_checkpoint(ckpt, cfg.ckpt)
-    reverse, name, task = ckpt_settings(ckpt, cfg.ckpt, "reverse", "verifier", "task")
-    verifier = verifier_of(name)  # the task's (sft.py --verifier)
-    if cfg.tool not in ("calc", "error"):
-        raise UserError(f"tool must be 'calc' or 'error', got {cfg.tool!r}")
-    tool, show = tool_of(task, tok, reverse), parse_answer
-    if tool:  # a trace: each number turned back
-        tool.broken, show = cfg.tool == "error", format_prompt
+    task = Task.of(ckpt, cfg.ckpt, tok, cfg.env_args)  # its reverse, verifier, environment
     cfg = replace(cfg, max_new_tokens=cfg.max_new_tokens or ckpt["config"].get("max_new_tokens", 8))
-    problems = read_prompts(cfg, tok, model.config.block_size)
-    gen, G, graded = torch.Generator().manual_seed(cfg.seed), cfg.num_samples, []  # graded: rewards
+    if cfg.split not in ("", "val", "test"):
+        raise UserError(f"split must be val or test, got {cfg.split!r}")
+    problems = getattr(task, cfg.split) if cfg.split else \
+        read_prompts(cfg, tok, model.config.block_size)
+    if task.env and any(gold is None for _, gold in problems):
+        raise UserError(f"{task.name}'s episodes need their answers: give prompt=answer lines "
+                        "or --split")
+    gen, G, scores = torch.Generator().manual_seed(cfg.seed), cfg.num_samples, []
     for i in range(0, len(problems), cfg.batch_size):
         chunk = problems[i:i + cfg.batch_size]
-        prompts = encode_prompts(tok, [p for p, _ in chunk], reverse)
-        out = generate(model, prompts, cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=G,
-                       temperature=cfg.temperature, top_k=cfg.top_k or None, generator=gen,
-                       tool=tool)
+        env = task.episodes(chunk, G)
+        out = generate(model, encode_prompts(tok, [p for p, _ in chunk], task.reverse),
+                       cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=G, temperature=cfg.temperature,
+                       top_k=cfg.top_k or None, generator=gen, env=env)
         acts = out["action_mask"][:, out["prompt_len"]:].tolist()
-        for row, (ids, act) in enumerate(zip(responses(out), acts)):
-            prompt, gold = chunk[row // G]
-            print(prompt + show(tok.decode(ids), reverse))
-            if gold is not None:
-                graded.append(grade(tok, ids, gold, reverse, verifier, act))
-    if graded:
-        right = int(sum(graded))
-        print(f"accuracy {sum(graded) / len(graded):.4f} ({right}/{len(graded)})", file=sys.stderr)
+        for r, (ids, act) in enumerate(zip(responses(out), acts)):
+            prompt, gold = chunk[r // G]
+            score = task.score(ids, act, chunk[r // G], env, r) if gold is not None else None
+            print(prompt + (parse_answer(tok.decode(ids), task.reverse) if not env else
+                            "".join(f"\n  {t}" for t in turns(tok, ids, act, task.reverse)) +
+                            f"\n  score {score}"))
+            scores += [score] if gold is not None else []
+    if scores:
+        right = sum(s == 1 for s in scores)
+        print(f"accuracy {right / len(scores):.4f} ({right}/{len(scores)})", file=sys.stderr)
+
+
+def turns(tok, ids, act, reverse):
+    """An episode's response, a line per turn: the policy's text, then the environment's."""
+    lines, cut = [], [0] + [i + 1 for i in range(len(ids) - 1) if not act[i] and act[i + 1]]
+    for a, b in zip(cut, cut[1:] + [len(ids)]):  # a turn: the policy's tokens, then the env's
+        k = next((i for i in range(a, b) if not act[i]), b)
+        mine, env = (format_prompt(tok.decode(ids[x:y]), reverse) for x, y in ((a, k), (k, b)))
+        lines.append(f"{mine}  {env}" if env else mine)
+    return lines
 
 
 if __name__ == "__main__":

@@ -8,27 +8,27 @@ The loop, its settings (lr, evals, checkpoints, --resume): nanorl/loop.py.
     python sft.py --task=path/to/folder --reverse=false --verifier=text   # docs/guides.md
     python sft.py configs/gpt2_mul.py --init_from=gpt2      # GPT-2 BPE and OpenAI's weights
 """
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
-from data.tasks import TASKS, labelled, load_split, task_alphabet
+from data.tasks import TASKS, env_of, labelled, task_alphabet
 from model import GPT, GPTConfig, seeded
 from nanorl.config import UserError, run_cli
 from nanorl.ddp import all_reduce, bf16_default
-from nanorl.evaluate import evaluate, verifier_of
+from nanorl.evaluate import Task, evaluate, task_splits, verifier_of
 from nanorl.loop import TrainConfig, start, train
-from nanorl.rows import gold_rows, pack
-from nanorl.tool_task import gold_rows as tool_rows, tool_of
+from nanorl.rows import encode_prompts, pack
 from tokenizer import get_tokenizer
 
 
 @dataclass
 class Config(TrainConfig):
-    task: str = "mul"  # a name in data.tasks.TASKS, or a folder of {train,val,test}.txt
-    verifier: str = "exact"  # a name in verify.VERIFIERS: the task's reward in evals and in rl.py
+    task: str = "mul"  # a name in data.tasks.TASKS, env:NAME, rg:NAME, or a folder (docs/guides.md)
+    verifier: str = ""  # a name in verify.VERIFIERS, the reward in evals and rl.py; "" = exact
+    rg: dict = field(default_factory=dict)  # an rg: task's generator config, e.g. dict(max_terms=3)
     reverse: bool = True  # numbers least-significant digit first: 23*47=1081 is read as 32*74=1801
     tokenizer: str = "char"  # "char" (the task alphabet) or a tiktoken encoding, e.g. "gpt2"
     n_layer: int = 4
@@ -64,19 +64,49 @@ def accumulate_grads(model, x, y, mask, micro_batch_size, bf16=False, n_tok=None
     return total
 
 
-def encode_split(tok, problems, reverse, block_size, loss_on, tool=None):
+def encode_split(task, problems, loss_on):
     """[(prompt, answer)] -> inputs x, targets y (N, T) and the loss mask on y (N, T): 1 on answer +
     EOS (loss_on="response"; EOS is a target: stopping gets a gradient) or on every token; 0 on
-    a tool's results (the environment writes them: nanorl/tool_task.py)."""
-    rows = tool_rows(tok, problems, reverse, tool) if tool else gold_rows(tok, problems, reverse)
-    for i, (p, r, *_) in enumerate(rows):
-        if len(p) + len(r) > block_size:
-            raise UserError(f"problem {i + 1} ({''.join(problems[i])}) is {len(p) + len(r)} tokens "
-                            f"with EOS; block_size={block_size} does not fit it")
+    an environment's tokens (its demonstrations' observations: nanorl/episodes.py)."""
+    rows = task.gold_rows(problems)
     if loss_on == "all":
         rows = [([], p + r, [1] * len(p) + (m[0] if m else [1] * len(r))) for p, r, *m in rows]
-    ids, mask = pack(rows, tok.pad_id)
+    ids, mask = pack(rows, task.tok.pad_id)
     return ids[:, :-1], ids[:, 1:], mask[:, 1:]
+
+
+def load_task(cfg):
+    """cfg's task -> (Task, its splits' sizes), or one line for a setting that does not fit it:
+    block_size must hold the longest prompt and max_new_tokens, which must hold every answer."""
+    if TASKS.get(cfg.task, {}).get("text") and cfg.tokenizer == "char":
+        raise UserError(f"task {cfg.task!r} is asked in words: it needs a BPE tokenizer "
+                        "(--tokenizer=gpt2)")
+    env, gym = env_of(cfg.task), cfg.task.startswith("rg:")  # None, or the environment it plays in
+    if cfg.verifier and (env or gym) or cfg.rg and not gym:
+        raise UserError(f"task {cfg.task!r} takes no --{'verifier' if cfg.verifier else 'rg'} "
+                        "(an environment or an rg: task scores its own answers)")
+    if env and cfg.tokenizer != "char":
+        raise UserError(f"task {cfg.task!r} plays in an environment whose turns end on one "
+                        "character: it needs --tokenizer=char")
+    verifier_of(cfg.verifier or "exact")
+    data, scorer = task_splits(cfg.task, cfg.rg)  # generated on first use
+    tok = get_tokenizer(cfg.tokenizer, task_alphabet(cfg.task, sum(data.values(), [])))
+    if cfg.n_train > len(data["train"]):
+        raise UserError(f"n_train={cfg.n_train} but the train split holds {len(data['train'])} "
+                        "problems")
+    task = Task(tok, cfg.task, cfg.reverse, cfg.verifier or "exact", cfg.n_train,
+                labelled(data["train"], cfg.n_train), data["val"], data["test"], env=env,
+                rg=cfg.rg, scorer=scorer)  # rl.py's sft row reads n_train too
+    prompt = max(map(len, encode_prompts(tok, [p for s in data.values() for p, _ in s], cfg.reverse)))
+    answer = max(len(r) for _, r, *_ in task.gold_rows(task.train))
+    if answer > cfg.max_new_tokens:
+        raise UserError(f"max_new_tokens={cfg.max_new_tokens} cuts {cfg.task}'s longest answer "
+                        f"({answer} tokens with EOS): set --max_new_tokens={answer}")
+    if prompt + cfg.max_new_tokens > cfg.block_size:
+        raise UserError(f"block_size={cfg.block_size} does not fit {cfg.task}'s longest prompt "
+                        f"({prompt} tokens) and max_new_tokens={cfg.max_new_tokens}: set "
+                        f"--block_size={prompt + cfg.max_new_tokens}")
+    return task, {k: len(v) for k, v in data.items()}
 
 
 def build_model(cfg, tok):
@@ -103,27 +133,14 @@ def main(cfg):
         raise UserError(f"loss_on must be 'response' or 'all', got {cfg.loss_on!r}")
     if cfg.n_embd % cfg.n_head:
         raise UserError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
-    if TASKS.get(cfg.task, {}).get("text") and cfg.tokenizer == "char":
-        raise UserError(f"task {cfg.task!r} is asked in words: it needs a BPE tokenizer "
-                        "(--tokenizer=gpt2)")
-    verifier = verifier_of(cfg.verifier)
-    if TASKS.get(cfg.task, {}).get("tool") and cfg.tokenizer != "char":
-        raise UserError(f"task {cfg.task!r} calls its tool a char a token: it needs "
-                        "--tokenizer=char")
-    data = {s: load_split(cfg.task, s) for s in ("train", "val", "test")}  # generated on first use
-    tok = get_tokenizer(cfg.tokenizer, task_alphabet(cfg.task, sum(data.values(), [])))
-    if cfg.n_train > len(data["train"]):
-        raise UserError(f"n_train={cfg.n_train} but the train split holds {len(data['train'])} "
-                        "problems")
-    data["train"] = labelled(data["train"], cfg.n_train)  # rl.py's --loss=sft reads n_train too
-    tool = tool_of(cfg.task, tok, cfg.reverse)  # None, or the environment the sampler runs
-    rows = encode_split(tok, data["train"], cfg.reverse, cfg.block_size, cfg.loss_on, tool)
-    x, y, mask = (t.to(dev) for t in rows)  # (N, T) inputs, targets, loss mask
+    task, sizes = load_task(cfg)
+    tok = task.tok
+    x, y, mask = (t.to(dev) for t in encode_split(task, task.train, cfg.loss_on))  # (N, T) each
     model = build_model(cfg, tok).to(dev)
     fwd = torch.compile(model) if cfg.compile else model
     bf16 = cfg.bf16 if cfg.bf16 is not None else bf16_default(dev)
     if rank == 0:
-        print(f"{cfg.task}: {' / '.join(f'{len(v)} {k}' for k, v in data.items())} problems; "
+        print(f"{cfg.task}: {' / '.join(f'{v} {k}' for k, v in sizes.items())} problems; "
               f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on {dev}, "
               f"bf16 autocast {bf16}, compile {cfg.compile}, {world} rank(s)", flush=True)
 
@@ -137,14 +154,15 @@ def main(cfg):
     def run_eval(split, step):  # greedy accuracy; on test also pass@k of eval_samples samples
         model.eval()
         test = split == "test"
-        m, examples = evaluate(model, tok, data[split], cfg.reverse, cfg.max_new_tokens,
+        m, examples = evaluate(model, task, split, cfg.max_new_tokens,
                                n_samples=cfg.eval_samples if test else 0,
-                               temperature=cfg.eval_temperature, verifier=verifier,
+                               temperature=cfg.eval_temperature,
                                generator=seeded(dev, "eval", cfg.seed, step),
-                               prefix="eval" if test else "val", tool=tool)
+                               prefix="eval" if test else "val")
         return {**m, "eval/examples": examples} if test else m
 
-    train(cfg, model, tok, asdict(cfg), train_step, run_eval, rank, "val/accuracy")
+    train(cfg, model, tok, {**asdict(cfg), **task.settings()}, train_step, run_eval, rank,
+          "val/accuracy")
     return model
 
 

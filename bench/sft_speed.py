@@ -22,6 +22,7 @@ from nanorl.config import load_config  # noqa: E402
 from data.tasks import ALPHABET, load_split  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
+from nanorl.evaluate import Task  # noqa: E402
 from nanorl.loop import adamw  # noqa: E402
 
 
@@ -38,7 +39,7 @@ def main(b):
     torch.set_num_threads(b.threads)
     torch.manual_seed(0)
     tok = CharTokenizer(ALPHABET)
-    x, y, mask = sft.encode_split(tok, load_split("mul", "train"), True, 32, "response")
+    x, y, mask = sft.encode_split(Task(tok, "mul", True, "exact", 0), load_split("mul", "train"), "response")
     model = GPT(GPTConfig(vocab_size=tok.vocab_size)).train()
     opt = adamw(model, 1e-4, 0.1)
     variants = {"fp32": (b.batch_size, False), f"fp32 micro {b.micro_batch_size}": (b.micro_batch_size, False)}

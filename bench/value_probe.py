@@ -19,12 +19,11 @@ import os
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from nanorl.evaluate import score_samples  # noqa: E402
+from nanorl.evaluate import Task, score_samples  # noqa: E402
 from nanorl.rows import encode_prompts  # noqa: E402
 from losses import prefix_prob  # noqa: E402
 from model import token_logps  # noqa: E402
 from nanorl.evaluate import explained_variance  # noqa: E402
-from data.tasks import load_split  # noqa: E402
 from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from model import generate, response_forward  # noqa: E402
 from nanorl.loop import adamw  # noqa: E402
@@ -37,10 +36,11 @@ torch.manual_seed(0)
 ckpt = load_checkpoint(ckpt_path)
 model, tok = model_from_checkpoint(ckpt, ckpt_path, scalar_head=True)
 model.eval()
-reverse = ckpt["config"].get("reverse", False)
+task = Task.of(ckpt, ckpt_path, tok)
+reverse = task.reverse
 feats = {}
 model.score_head.register_forward_hook(lambda mod, inp, out: feats.update(x=inp[0]))  # the head's input
-train = load_split(ckpt["config"].get("task", "mul"), "train")
+train = task.train
 gen = torch.Generator().manual_seed(1)
 picked = [train[i] for i in torch.randperm(len(train), generator=gen)[:n].tolist()]
 X, Y, pid, path, batches = [], [], [], [], []
@@ -49,7 +49,7 @@ with torch.no_grad():
         chunk = picked[c:c + 64]
         out = generate(model, encode_prompts(tok, [p for p, _ in chunk], reverse), 8, tok.eos_id, tok.pad_id, G=G,
                        temperature=1.0, generator=gen)
-        R = torch.tensor([r for r, _ in score_samples(tok, out, [a for _, a in chunk for _ in range(G)], reverse)])  # (N,)
+        R = torch.tensor([r for r, _ in score_samples(task, out, [p for p in chunk for _ in range(G)])])  # (N,)
         P = out["prompt_len"]
         logits = response_forward(model, out["ids"], out["offsets"], P, return_scalar=True)[0]  # (N, L, V)
         m = out["response_mask"][:, P:].bool()  # (N, L)

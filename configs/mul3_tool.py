@@ -1,4 +1,4 @@
-# SFT on calculator traces (nanorl/tool_task.py): the same model, data and budget as
+# SFT on calculator traces (envs/calculator.py): the same model, data and budget as
 # configs/mul3.py, the loss 0 on the calculator's results.
 #   123*456=[123*6]{738}[123*5]{615}[123*4]{492}[738+6150+49200]{56088}56088
 task = "mul3_tool"

@@ -4,8 +4,11 @@
 
 One `a*b=c` per line, normal digit order; splits are disjoint by unordered operand pair
 (23*47 goes with 47*23): tune on val, report test. Your own task: a folder of the three
-files, one `prompt=answer` a line (docs/guides.md). Preference files: nanorl/pref.py.
+splits, JSONL ({"prompt": ..., "answer": ...} a line) or `prompt=answer` lines (docs/guides.md).
+Preference files: nanorl/pref.py. A task may name an environment (envs/): mul3_tool the
+calculator; env:NAME is envs/NAME.py's own. rg:NAME: reasoning-gym's (nanorl/rg.py).
 """
+import importlib
 import json
 import os
 import random
@@ -20,9 +23,8 @@ TASKS = {  # name -> operator, operand range (inclusive), max unordered pairs, e
     "add": dict(op="+", lo=100, hi=999, max_pairs=20000, aux_lo=None),  # 3+3 digits: a subset
     "mul_text": dict(op="*", lo=10, hi=99, max_pairs=None, aux_lo=0, text=True),  # mul, in words
     "mul3": dict(op="*", lo=100, hi=999, max_pairs=5000, aux_lo=None),  # 3 x 3 digits: a subset
-    "mul3_tool": dict(op="*", lo=100, hi=999, max_pairs=5000, aux_lo=None, tool=True),
+    "mul3_tool": dict(op="*", lo=100, hi=999, max_pairs=5000, aux_lo=None, env="calculator"),
 }
-TOOL_TOKENS = "[]{}?"  # call, end; result, end; error (nanorl/tools.py)
 SPLITS = {"train": 0.85, "val": 0.05, "test": 0.1}
 DATA_SEED = 1337
 TEXT_OPS = {"*": "times", "+": "plus"}  # text_prompt's words
@@ -82,13 +84,27 @@ def write(path, lines):
     os.replace(tmp, path)  # atomic: a half-written file never looks complete
 
 
+def env_of(task):
+    """The environment a task names (an `envs/` module: TASKS' env, or the task env:NAME), or None."""
+    name = TASKS[task].get("env") if task in TASKS else task.removeprefix("env:")
+    name = name if task in TASKS or task.startswith("env:") else None
+    if not name:
+        return None
+    try:
+        return importlib.import_module(f"envs.{name}")
+    except ModuleNotFoundError:
+        raise DataError(f"task {task!r}: no environment {name!r} (a file envs/{name}.py)") from None
+
+
 def ensure_data(task, data_dir=DATA_DIR, seed=DATA_SEED):
     """The task's folder, its files generated if missing; a task not in TASKS is your own folder."""
     if task not in TASKS:
-        missing = [f"{s}.txt" for s in SPLITS if not (Path(task) / f"{s}.txt").is_file()]
+        missing = [f"{s}.jsonl" for s in SPLITS if not any((Path(task) / f"{s}.{x}").is_file()
+                                                           for x in ("jsonl", "txt"))]
         if missing:
-            raise DataError(f"unknown task {task!r}; valid: {sorted(TASKS)}, or a folder holding "
-                            f"train.txt, val.txt, test.txt ({task} lacks {', '.join(missing)})")
+            raise DataError(f"unknown task {task!r}; valid: {sorted(TASKS)}, env:NAME, rg:NAME or a "
+                            f"folder of train, val, test .jsonl or .txt ({task} lacks "
+                            f"{', '.join(missing)})")
         return Path(task)
     root = Path(data_dir) / task
     stamp = json.dumps({"seed": seed, "task": TASKS[task], "splits": SPLITS})
@@ -111,10 +127,10 @@ def labelled(problems, n):
 
 
 def task_alphabet(task, problems):
-    """ALPHABET, plus a tool task's TOOL_TOKENS or your own task's other characters, sorted
-    (the same files always give the same ids)."""
-    text = "".join(p + a for p, a in problems) if task not in TASKS else \
-        TOOL_TOKENS if TASKS[task].get("tool") else ""
+    """ALPHABET, plus the characters of the task's environment and of your own task's problems,
+    sorted (the same files always give the same ids)."""
+    text = ("" if task in TASKS else "".join(p + a for p, a in problems)) + \
+        getattr(env_of(task), "CHARS", "")
     return ALPHABET + "".join(sorted(set(text) - set(ALPHABET)))
 
 
@@ -136,6 +152,28 @@ def check_chars(text, alphabet, where):  # alphabet None: any character
         raise DataError(f"{where} character {bad[0]!r}, not in the task alphabet {alphabet!r}")
 
 
+def read_jsonl(path, fields, alphabet=None, what="records"):
+    """One JSON object a line -> [dict]; fields {name: type} must be there (answer may be named
+    ground_truth), strings within alphabet; a bad line is one error naming path:line."""
+    out = []
+    for where, line in read_lines(path, what):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where} not valid JSON ({e.msg})") from None
+        if not isinstance(rec, dict):
+            raise DataError(f"{where} expected a JSON object with fields {list(fields)}")
+        for k, typ in fields.items():
+            rec[k] = rec.get(k, rec.get("ground_truth") if k == "answer" else None)
+            if not isinstance(rec[k], typ):
+                raise DataError(f"{where} field {k!r} missing or not a "
+                                f"{'string' if typ is str else typ.__name__}")
+            if typ is str:
+                check_chars(rec[k], alphabet, f"{where} field {k!r} has")
+        out.append(rec)
+    return out
+
+
 def load_problems(path, alphabet=ALPHABET):
     """`prompt=answer` lines -> [(prompt, answer)]. alphabet None: any character."""
     out = []
@@ -148,10 +186,17 @@ def load_problems(path, alphabet=ALPHABET):
     return out
 
 
-def load_split(task, split):
-    """[(prompt, answer)] of a split (generated on first use)."""
-    path = ensure_data(task) / f"{split}.txt"
-    problems = load_problems(path, ALPHABET if task in TASKS else None)
+def load_split(task, split, alphabet=None):
+    """[(prompt, answer)] of a split: generated on first use, the environment's, or your folder's
+    JSONL ({"prompt": ..., "answer": ...} a line) or `prompt=answer` text. alphabet: the
+    characters your task may use (None: any)."""
+    if task.startswith("env:"):
+        return env_of(task).splits()[split]
+    path = ensure_data(task) / f"{split}.jsonl"
+    if path.is_file():
+        fields = {"prompt": str, "answer": str}
+        return [(r["prompt"], r["answer"]) for r in read_jsonl(path, fields, alphabet, "problems")]
+    problems = load_problems(path.with_suffix(".txt"), ALPHABET if task in TASKS else alphabet)
     if TASKS.get(task, {}).get("text"):
         problems = [(text_prompt(p), a) for p, a in problems]
     return problems

@@ -6,6 +6,7 @@ tokenizer fits it (Task.check). Its row in losses.ALGOS: advantage "first_wrong"
 import torch
 
 from losses import masked_mean
+from nanorl.rows import responses
 
 
 def first_wrong_token(response_ids: list[int], gold_ids: list[int]) -> int | None:
@@ -17,6 +18,12 @@ def first_wrong_token(response_ids: list[int], gold_ids: list[int]) -> int | Non
     if i < n or len(response_ids) > n:
         return i
     return None if len(response_ids) == len(gold_ids) else max(n - 1, 0)
+
+
+def first_wrong(b, gold, G):
+    """(N,) each row of rollout b's first wrong token against its group's gold ids, -1 if none."""
+    wrong = [first_wrong_token(ids, gold[r // G]) for r, ids in enumerate(responses(b))]
+    return torch.tensor([-1 if w is None else w for w in wrong], device=b.ids.device)
 
 
 def cliff_advantages(rewards, first_wrong, mask, lam=0.0):

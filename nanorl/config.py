@@ -1,6 +1,8 @@
 """Typed config: a script's @dataclass, then config files (plain Python assignments), then
 --key=value overrides, e.g. load_config(Config, ["configs/mul.py", "--lr=3e-4", "--wandb=true"])."""
+import ast
 import difflib
+import json
 import os
 import runpy
 import sys
@@ -42,10 +44,18 @@ def _convert(name, value, tp):
     if (args and text == "none") or (base is bool and text in BOOLS):
         return BOOLS.get(text)  # None for "none"
     try:
+        if base is dict:  # a config file's dict, or --key='{"a": 1}' (JSON or a Python literal)
+            try:
+                value = json.loads(value) if isinstance(value, str) else value
+            except ValueError:  # a Python literal: {'broken': True}
+                value = ast.literal_eval(value)
+            if isinstance(value, dict):
+                return value
+            raise ValueError
         if type(value) in (bool, type(None)) or base is bool or (base is int and float(value) % 1):
             raise ValueError  # never None -> "None", True -> 1, 2.5 -> 2 or "maybe" -> a bool
         return int(float(value)) if base is int else base(value)  # int: "1e3" too
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, SyntaxError):
         kind = "true or false" if base is bool else f"a {base.__name__}"
         raise UserError(f"config key {name!r} must be {kind}, got {value!r}") from None
 

@@ -6,75 +6,114 @@ from dataclasses import dataclass, field
 import torch
 
 import losses as L
-from data.tasks import format_prompt, load_split, parse_answer
+from data.tasks import env_of, format_prompt, load_split, parse_answer
 from model import generate, logprobs
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError
-from nanorl import tools
 from nanorl.rows import encode_prompts, gold_rows, responses
-from nanorl.tool_task import gold_rows as tool_rows, tool_of
+from nanorl import rg
+from nanorl.episodes import Episodes, check_args, demo_rows
 from tokenizer import CharTokenizer
 from verify import VERIFIERS, exact_answer
 
 
 @dataclass
 class Task:
-    """The task a checkpoint was trained on: its tokenizer, digit order, verifier and splits."""
+    """The task a checkpoint was trained on: its tokenizer, digit order, verifier and splits, and
+    the environment its episodes play in (an envs/ module, or None) with its arguments."""
     tok: object
-    name: str  # a name in data.tasks.TASKS, or a folder
+    name: str  # a name in data.tasks.TASKS, env:NAME, or a folder
     reverse: bool  # numbers least-significant digit first
-    verifier_name: str  # a name in verify.VERIFIERS
+    verifier_name: str  # a name in verify.VERIFIERS (an environment scores its own episodes)
     n_train: int  # the labels SFT saw: the first n_train of a seeded shuffle, 0 = all
     train: list = field(default_factory=list)  # [(prompt, answer)], or the rows a loss reads
     val: list = field(default_factory=list)
     test: list = field(default_factory=list)
-    tool: object = None  # the environment model.generate runs (nanorl/tools.py), or None
+    env: object = None  # data.tasks.env_of(name)
+    env_args: dict = field(default_factory=dict)  # its Env's arguments (--env_args)
+    rg: dict = field(default_factory=dict)  # an rg: task's generator config (nanorl/rg.py)
+    scorer: object = None  # an rg: task's score(question, answer)
 
     @classmethod
-    def of(cls, ckpt, path, tok):
+    def of(cls, ckpt, path, tok, env_args=None):
         """The checkpoint's task (its own settings, never a reader's defaults), splits loaded."""
         name, reverse, vname = ckpt_settings(ckpt, path, "task", "reverse", "verifier")
         verifier_of(vname)
-        task = cls(tok, name, reverse, vname, ckpt["config"].get("n_train", 0),
-                   tool=tool_of(name, tok, reverse))
-        task.train, task.val, task.test = (load_split(name, s) for s in ("train", "val", "test"))
+        task = cls(tok, name, reverse, vname, ckpt["config"].get("n_train", 0), env=env_of(name),
+                   env_args=env_args or {}, rg=ckpt["config"].get("rg") or {})
+        if task.env_args and not task.env:
+            raise UserError(f"--env_args: task {name!r} has no environment")
+        if task.env:
+            check_args(task.env, task.env_args)
+        splits, task.scorer = task_splits(name, task.rg, getattr(tok, "chars", None))
+        task.train, task.val, task.test = splits.values()
         return task
 
     @property
     def verifier(self):
         return VERIFIERS[self.verifier_name]
 
+    def episodes(self, problems, G):
+        """The episodes of G rows per problem for model.generate, or None without an environment."""
+        return self.env and Episodes(self.env, [a for _, a in problems], G, self.tok, self.reverse,
+                                     self.env_args)
+
     def gold_rows(self, problems):
-        """[(prompt ids, gold answer ids + EOS[, its action mask])]: a tool task's are traces."""
-        if self.tool:
-            return tool_rows(self.tok, problems, self.reverse, self.tool)
+        """[(prompt ids, gold answer ids + EOS[, its action mask])]: an environment's are its
+        demonstrations played through it."""
+        if self.env:
+            return demo_rows(self.env, problems, self.tok, self.reverse)
         return gold_rows(self.tok, problems, self.reverse)
+
+    def score(self, ids, act, problem, episodes=None, r=0):
+        """A response's final score in [0, 1]: its episode's (row r of episodes), else the
+        verifier's (an rg: task's generator's) of the text the policy wrote after the
+        environment's last token; 0 if it never ended."""
+        text = final_text(self.tok, ids, act)
+        if episodes is not None:
+            return episodes.score(r, text)
+        if text is None:
+            return 0.0
+        if self.scorer:  # the generator's own format: digits turned back
+            return self.scorer(problem[0], parse_answer(text, self.reverse))
+        return self.verifier(text, problem[1], reverse=self.reverse)
 
     def settings(self):
         return {"task": self.name, "reverse": self.reverse, "verifier": self.verifier_name,
-                "n_train": self.n_train}
+                "n_train": self.n_train, "rg": self.rg}
 
-    def check(self, cliff, max_new_tokens, block_size):
+    def check(self, row, max_new_tokens, block_size):
         """Every prompt and max_new_tokens fit the model. CLIFF's first wrong token compares
-        with the gold tokens: only the exact verifier with the char tokenizer fits it."""
+        with the gold tokens: only the exact verifier with the char tokenizer and no environment
+        fits it."""
         longest = max(map(len, encode_prompts(self.tok, [p for p, _ in self.train], self.reverse)))
         if longest + max_new_tokens > block_size:
             raise UserError(f"max_new_tokens={max_new_tokens} does not fit block_size={block_size}")
-        if cliff and (self.verifier_name != "exact" or not isinstance(self.tok, CharTokenizer)):
+        exact = self.verifier_name == "exact" and isinstance(self.tok, CharTokenizer)
+        if row.advantage == "first_wrong" and (not exact or self.env):
             raise UserError(f"cliff finds the first wrong token against the gold answer's "
                             f"tokens, which only the exact verifier with the char tokenizer "
-                            f"makes unique; this checkpoint has verifier {self.verifier_name!r} "
-                            f"and a {type(self.tok).__name__}")
+                            f"and no environment makes unique; this checkpoint has verifier "
+                            f"{self.verifier_name!r}, a {type(self.tok).__name__}"
+                            + (f" and the environment of {self.name}" if self.env else ""))
 
 
-def load_policy(path, values, dev):
+def task_splits(name, rg_config=None, alphabet=None):
+    """({split: [(prompt, answer)]}, an rg: task's scorer or None): reasoning-gym's, else data's.
+    alphabet: the characters your own task may use (None: any)."""
+    if name.startswith("rg:"):
+        return rg.splits(name[3:], rg_config or {})
+    return {s: load_split(name, s, alphabet) for s in ("train", "val", "test")}, None
+
+
+def load_policy(path, values, dev, env_args=None):
     """The SFT checkpoint -> (the policy in eval mode: no dropout in any log-prob, its
     Task). values: PPO's value head on the policy's trunk, 0 at the start, not noise."""
     ckpt = load_checkpoint(path, hint="make one with: python sft.py configs/mul.py")
     model, tok = model_from_checkpoint(ckpt, path, scalar_head=values)
     if values and not ckpt["model_args"].get("scalar_head"):
         torch.nn.init.zeros_(model.score_head.weight)
-    return model.to(dev).eval(), Task.of(ckpt, path, tok)
+    return model.to(dev).eval(), Task.of(ckpt, path, tok, env_args)
 
 
 def pass_at_k(n, c, k):
@@ -88,60 +127,76 @@ def pass_k_name(n_samples, k=8):
 
 
 @torch.no_grad()
-def evaluate(model, tok, problems, reverse, max_new_tokens, n_samples=0, temperature=1.0, k=8,
-             batch_size=256, generator=None, prefix="eval", n_show=3, verifier=exact_answer,
-             tool=None):
-    """Greedy accuracy on problems [(prompt, answer)] under `verifier`; with n_samples > 0 also
-    pass@1 and pass@k (n_samples per problem at `temperature`; pass@n_samples when fewer than k),
-    batch_size rows per sampler call at most; with a tool, the greedy answers' tool use. Returns
+def evaluate(model, task, split, max_new_tokens, n_samples=0, temperature=1.0, k=8, batch_size=256,
+             generator=None, prefix="eval", n_show=3):
+    """Greedy accuracy (a score of 1) on a split of task; with n_samples > 0 also pass@1 and
+    pass@k (n_samples per problem at `temperature`; pass@n_samples when fewer than k), batch_size
+    rows per sampler call at most; with an environment, its greedy episodes' turns. Returns
     (metrics, a few examples)."""
-    n, prompts = len(problems), encode_prompts(tok, [p for p, _ in problems], reverse)
-    counts = torch.zeros(5)  # the greedy answers' tools.counts
+    tok, problems = task.tok, getattr(task, split)
+    n, prompts = len(problems), encode_prompts(tok, [p for p, _ in problems], task.reverse)
+    episodes = []  # the greedy ones, with their rows
 
-    def sample(G, temp):  # [(reward, completion)] of G samples per problem, problem-major
+    def sample(G, temp):  # [(score, completion)] of G samples per problem, problem-major
         scored, step = [], max(1, batch_size // G)  # prompts per call: at most batch_size rows
         for i in range(0, n, step):
+            env = task.episodes(problems[i:i + step], G)
             out = generate(model, prompts[i:i + step], max_new_tokens, tok.eos_id, tok.pad_id, G=G,
-                           temperature=temp, generator=generator, tool=tool)
-            gold = [a for _, a in problems[i:i + step] for _ in range(G)]
-            scored += score_samples(tok, out, gold, reverse, verifier, tool)
-            if tool and temp == 0:
-                P = out["prompt_len"]
-                counts.add_(tools.counts(out["ids"][:, P:], out["action_mask"][:, P:],
-                                         out["response_mask"][:, P:].sum(1), tool))
+                           temperature=temp, generator=generator, env=env)
+            scored += score_samples(task, out, [p for p in problems[i:i + step]
+                                                for _ in range(G)], env)
+            episodes.extend([(env, out)] if env and temp == 0 else [])
         return scored
 
     greedy = sample(1, 0)
-    metrics = {f"{prefix}/accuracy": sum(r for r, _ in greedy) / n, f"{prefix}/n": n,
-               **(tools.metrics(counts, prefix) if tool else {})}
+    metrics = {f"{prefix}/accuracy": sum(r == 1 for r, _ in greedy) / n, f"{prefix}/n": n,
+               f"{prefix}/mean_score": sum(r for r, _ in greedy) / n,
+               **(env_metrics(episodes, prefix) if task.env else {})}
     examples = [{"prompt": p, "completion": text, "reward": r}
                 for (p, _), (r, text) in zip(problems[:n_show], greedy)]
     if n_samples > 0:
         scored = sample(n_samples, temperature)
-        right = torch.tensor([r for r, _ in scored]).view(n, n_samples).sum(1).tolist()  # (n,)
+        right = torch.tensor([r == 1 for r, _ in scored]).view(n, n_samples).sum(1).tolist()
         for kk in (1, k):
             metrics[f"{prefix}/{pass_k_name(n_samples, kk)}"] = \
                 sum(pass_at_k(n_samples, int(c), min(kk, n_samples)) for c in right) / n
     return metrics, examples
 
 
-def score_samples(tok, out, gold, reverse, verifier=exact_answer, tool=None):
-    """[(reward, completion in normal order)] for each row of a `generate` result; a tool
-    trace's numbers are each turned back (format_prompt)."""
-    show, acts = format_prompt if tool else parse_answer, out["action_mask"][:, out["prompt_len"]:]
-    return [(grade(tok, ids, g, reverse, verifier, act), show(tok.decode(ids), reverse))
-            for ids, g, act in zip(responses(out), gold, acts.tolist())]
+def score_samples(task, out, problems, episodes=None):
+    """[(score, completion in normal order)] for each row of a `generate` result and its
+    problem; an episode's numbers are each turned back (format_prompt)."""
+    show = format_prompt if task.env else parse_answer
+    acts = out["action_mask"][:, out["prompt_len"]:].tolist()
+    return [(task.score(ids, act, p, episodes, r), show(task.tok.decode(ids), task.reverse))
+            for r, (ids, p, act) in enumerate(zip(responses(out), problems, acts))]
+
+
+def final_text(tok, ids, act=None):
+    """The text the policy wrote after the environment's last token (act: the ids' action mask,
+    None: all the policy's), EOS stripped; None if it did not end with EOS or a special token
+    comes earlier (decoding would drop it: "10<pad>81")."""
+    if not ids or ids[-1] != tok.eos_id or any(i in tok.special_ids for i in ids[:-1]):
+        return None
+    start = max((i + 1 for i, a in enumerate((act or ())[:len(ids)]) if not a), default=0)
+    return tok.decode(ids[start:-1])
 
 
 def grade(tok, ids, gold, reverse, verifier=exact_answer, act=None):
-    """Reward of one response (its ids, the environment's too): the verifier's score of the text
-    the policy wrote after the environment's last token (act: the ids' action mask, None: all
-    the policy's) if it ended with EOS, else 0; 0 too if a special token comes earlier
-    (decoding would drop it: "10<pad>81")."""
-    if not ids or ids[-1] != tok.eos_id or any(i in tok.special_ids for i in ids[:-1]):
-        return 0.0
-    start = max((i + 1 for i, a in enumerate((act or ())[:len(ids)]) if not a), default=0)
-    return verifier(tok.decode(ids[start:-1]), gold, reverse=reverse)
+    """The verifier's score of a response's final text (final_text), 0 if there is none."""
+    text = final_text(tok, ids, act)
+    return 0.0 if text is None else verifier(text, gold, reverse=reverse)
+
+
+def env_metrics(episodes, prefix):
+    """Episodes [(Episodes, their generate result)] -> turns per episode, the share of turns
+    the environment could not take, and the share of response tokens it wrote."""
+    turns, invalid = (torch.cat(t) for t in zip(*(env.stats() for env, _ in episodes)))
+    resp, act = (sum(out[k][:, out["prompt_len"]:].sum().item() for _, out in episodes)
+                 for k in ("response_mask", "action_mask"))
+    return {f"{prefix}/turns": turns.mean().item(),
+            f"{prefix}/invalid_frac": invalid.sum().item() / max(1, turns.sum().item()),
+            f"{prefix}/env_token_frac": 1 - act / max(1, resp)}
 
 
 def verifier_of(name):
@@ -161,8 +216,9 @@ def eval_kl(model, ref, task, cfg, gen, n=256):
     prompts = encode_prompts(tok, [problems[i][0] for i in idx], task.reverse)
     k, kl, n_act, finished = max(1, cfg.sample_batch_size // 4), 0.0, 0, []
     for i in range(0, len(prompts), k):  # k prompts x 4 samples at a time: memory
+        env = task.episodes([problems[j] for j in idx[i:i + k]], 4)
         out = generate(model, prompts[i:i + k], cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=4,
-                       temperature=cfg.temperature, generator=gen, tool=task.tool)
+                       temperature=cfg.temperature, generator=gen, env=env)
         mask = out["action_mask"][:, out["prompt_len"]:]  # (n, L)
         ref_lp = logprobs(ref, out["ids"], out["offsets"], mask, cfg.temperature)[0]
         kl += L.masked_sum(L.kl_estimate(out["logps"], ref_lp, "k3"), mask).item()
@@ -175,12 +231,10 @@ def eval_kl(model, ref, task, cfg, gen, n=256):
 def evaluate_policy(model, ref, task, cfg, gen):
     """Greedy accuracy on test and val, pass@1 / pass@k on eval_samples samples, KL to the
     reference -> (metrics, a few examples)."""
-    kw = dict(verifier=task.verifier, batch_size=cfg.sample_batch_size, tool=task.tool)
-    m, examples = evaluate(model, task.tok, task.test, task.reverse, cfg.max_new_tokens,
-                           n_samples=cfg.eval_samples, temperature=cfg.temperature,
-                           generator=gen, **kw)
-    m.update(evaluate(model, task.tok, task.val, task.reverse, cfg.max_new_tokens,
-                      prefix="val", **kw)[0])
+    kw = dict(batch_size=cfg.sample_batch_size, generator=gen)
+    m, examples = evaluate(model, task, "test", cfg.max_new_tokens, n_samples=cfg.eval_samples,
+                           temperature=cfg.temperature, **kw)
+    m.update(evaluate(model, task, "val", cfg.max_new_tokens, prefix="val", **kw)[0])
     return {**m, **eval_kl(model, ref, task, cfg, gen)}, examples
 
 
@@ -189,11 +243,12 @@ def explained_variance(values, returns, mask):
     return 1 - L.masked_var(returns - values, mask) / L.masked_var(returns, mask).clamp_min(1e-8)
 
 
-def rollout_metrics(b, ref_lp=None, returns=None, beta=None, tool=None):
-    """A rollout's rl/ diagnostics: reward, accuracy, lengths (the policy's tokens), tool use;
+def rollout_metrics(b, ref_lp=None, returns=None, beta=None):
+    """A rollout's rl/ diagnostics: reward, accuracy, lengths (the policy's tokens), episodes;
     the KL to the reference when it ran; PPO's value fit (returns given); the RM's score."""
     m = b.mask
-    out = {"rl/reward_mean": b.reward.mean().item(), "rl/accuracy": b.correct.mean().item(),
+    out = {"rl/reward_mean": b.reward.mean().item(),
+           "rl/accuracy": (b.correct == 1).float().mean().item(),
            "rl/resp_len": m.sum(1).float().mean().item(),
            "rl/empty_frac": (b.length <= 1).float().mean().item(),
            "rl/truncated_frac": 1 - b.finished.float().mean().item()}
@@ -204,8 +259,11 @@ def rollout_metrics(b, ref_lp=None, returns=None, beta=None, tool=None):
         out.update({"rl/explained_variance": explained_variance(b.values, returns, m).item(),
                     "rl/beta": beta, "rl/values_mean": L.masked_mean(b.values, m).item(),
                     "rl/returns_mean": L.masked_mean(returns, m).item(), "rl/kl_k1_seq": k1})
-    if tool:
-        out.update(tools.metrics(tools.counts(b.ids[:, -m.size(1):], m, b.length, tool), "rl"))
+    if b.turns is not None:  # an environment's episodes; their return: no overlong shaping
+        out.update({"rl/turns": b.turns.mean().item(),
+                    "rl/invalid_frac": (b.invalid.sum() / b.turns.sum().clamp_min(1)).item(),
+                    "rl/env_token_frac": 1 - (m.sum() / b.length.sum()).item(),
+                    "rl/episode_return": (b.correct + b.turn_rewards.sum(1)).mean().item()})
     if b.rm_reward is not None:
         out["rl/rm_reward"] = b.rm_reward.mean().item()
     return out

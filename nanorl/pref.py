@@ -20,8 +20,8 @@ import random
 import torch
 import torch.nn.functional as F
 
-from data.tasks import (ALPHABET, DATA_DIR, DATA_SEED, TASKS, DataError, check_chars, compute,
-                        ensure_data, labelled, problems_of, read_lines, split_pairs, write)
+from data.tasks import (ALPHABET, DATA_DIR, DATA_SEED, TASKS, DataError, compute, ensure_data,
+                        labelled, problems_of, read_jsonl, split_pairs, write)
 from model import logprobs
 from nanorl.checkpoint import unwrap
 from nanorl.config import UserError
@@ -177,21 +177,7 @@ def ensure_pairs(task, data_dir=DATA_DIR, seed=DATA_SEED):
 
 def load_records(path, kind, alphabet=ALPHABET):
     """Preference pairs (kind "pairs") or KTO labels ("kto") from JSONL -> [dict]."""
-    fields, out = RECORD_FIELDS[kind], []
-    for where, line in read_lines(path, f"{kind} records"):
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{where} not valid JSON ({e.msg})") from None
-        if not isinstance(rec, dict):
-            raise DataError(f"{where} expected a JSON object with fields {sorted(fields)}")
-        for k, typ in fields.items():
-            if not isinstance(rec.get(k), typ):
-                raise DataError(f"{where} field {k!r} missing or not a {typ.__name__}")
-            if typ is str:
-                check_chars(rec[k], alphabet, f"{where} field {k!r} has")
-        out.append(rec)
-    return out
+    return read_jsonl(path, RECORD_FIELDS[kind], alphabet, f"{kind} records")
 
 
 def check(cfg, row):
@@ -215,8 +201,8 @@ def data(cfg, row, task):
     if row.data == "gold":
         return labelled(task.train, task.n_train)
     if offline(cfg, row):
-        if task.tool:
-            raise UserError(f"{task.name}'s answers are tool traces, its pairs files have none: "
+        if task.env:
+            raise UserError(f"{task.name}'s answers are episodes, its pairs files have none: "
                             "use --pairs=online")
         kind = "kto" if row.data == "labels" else "pairs"  # the files: pairs_*, kto_*.jsonl
         return load_records(ensure_pairs(task.name) / f"{kind}_train.jsonl", kind)

@@ -1,4 +1,5 @@
-"""docs/guides.md's "Add a loss" diff applies to this very code and runs as the guide shows."""
+"""docs/guides.md's "Add a loss" and "Add an environment" diffs apply to this very code and run as the
+guides show."""
 import json
 import math
 import re
@@ -30,19 +31,24 @@ print("ok")
 """
 
 
-def guide_diff():
+def guide_diff(section, end):
     text = (ROOT / "docs" / "guides.md").read_text()
-    section = text[text.index("## Add a loss"):text.index("## Bring your own task")]
-    return re.search(r"```diff\n(.*?)```", section, re.S)[1]
+    return re.search(r"```diff\n(.*?)```", text[text.index(section):text.index(end)], re.S)[1]
 
 
-def test_add_a_loss_diff_applies_and_runs(tmp_path, sft_ckpt):  # noqa: F811
+def patched_copy(tmp_path, section, end):
+    """A copy of the repo (no tests, bench, docs, data files) with the guide's diff applied."""
     repo = tmp_path / "repo"
     skip = shutil.ignore_patterns("__pycache__", "*.txt", "*.jsonl", "done", "pairs_done")
     shutil.copytree(ROOT, repo, ignore=lambda d, names: [n for n in names if n in (
         ".git", "out", "tests", "bench", "docs", "wandb")] + list(skip(d, names)))
-    (repo / "guide.diff").write_text(guide_diff())
+    (repo / "guide.diff").write_text(guide_diff(section, end))
     subprocess.run(["git", "apply", "--recount", "guide.diff"], cwd=repo, check=True)
+    return repo
+
+
+def test_add_a_loss_diff_applies_and_runs(tmp_path, sft_ckpt):  # noqa: F811
+    repo = patched_copy(tmp_path, "## Add a loss", "## Add an environment")
     run = dict(cwd=repo, capture_output=True, text=True, timeout=300)
     out = subprocess.run([sys.executable, "-c", CHECK], **run)
     assert out.stdout.strip() == "ok", out.stderr
@@ -57,3 +63,22 @@ def test_add_a_loss_diff_applies_and_runs(tmp_path, sft_ckpt):  # noqa: F811
         assert any("rl/loss" in r for r in rows) and rows[-1]["eval/accuracy"] >= 0
         if loss == "spo":
             assert rows[0]["hparams/spo_eps"] == 0.1
+
+
+def test_add_an_environment_diff_adds_one_file_and_trains_on_it(tmp_path):
+    """The new environment is one new file: SFT on its demonstrations, then GRPO on its games,
+    a few steps each, with the episode metrics logged."""
+    repo = patched_copy(tmp_path, "## Add an environment", "## Bring your own task")
+    assert (repo / "envs" / "digit.py").exists() and not (ROOT / "envs" / "digit.py").exists()
+    run = dict(cwd=repo, capture_output=True, text=True, timeout=300)
+    tiny = ["--n_layer=1", "--n_head=2", "--n_embd=32", "--threads=1"]
+    out = subprocess.run([sys.executable, "sft.py", "--task=env:digit", "--reverse=false", "--block_size=40",
+                          "--max_new_tokens=31", "--max_iters=30", "--eval_interval=30",
+                          f"--out_dir={tmp_path / 'sft'}", *tiny], **run)
+    assert out.returncode == 0, out.stderr[-2000:]
+    out = subprocess.run([sys.executable, "rl.py", f"--sft_ckpt={tmp_path / 'sft' / 'ckpt.pt'}", "--loss=grpo",
+                          "--max_iters=3", "--eval_interval=3", "--prompts_per_step=8", "--group_size=4",
+                          "--eval_samples=2", f"--out_dir={tmp_path / 'rl'}", "--threads=1"], **run)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = [json.loads(line) for line in open(tmp_path / "rl" / "metrics.jsonl")]
+    assert any("rl/turns" in r for r in rows) and "eval/turns" in rows[-1]

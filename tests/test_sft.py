@@ -60,10 +60,12 @@ def test_encode_split_masks_answer_and_eos():
     from data.tasks import ALPHABET
     from tokenizer import CharTokenizer
     tok = CharTokenizer(ALPHABET)
-    x, y, m = sft.encode_split(tok, [("12*12=", "144"), ("10*10=", "100")], True, 32, "response")
+    from nanorl.evaluate import Task
+    task = Task(tok, "mul", True, "exact", 0)
+    x, y, m = sft.encode_split(task, [("12*12=", "144"), ("10*10=", "100")], "response")
     assert tok.decode(y[0][m[0].bool()].tolist()) == "441"  # reversed answer, then EOS
     assert y[0][m[0].bool()].tolist()[-1] == tok.eos_id  # EOS is a target
-    _, _, m_all = sft.encode_split(tok, [("12*12=", "144")], True, 32, "all")
+    _, _, m_all = sft.encode_split(task, [("12*12=", "144")], "all")
     assert m_all.sum() == 9
 
 
@@ -154,7 +156,9 @@ def test_text_task_with_a_bpe_tokenizer_runs_two_steps(tmp_path, monkeypatch):
     assert evals[0]["eval/examples"][0]["prompt"].startswith("What is ")
     from tokenizer import from_dict
     tok = from_dict(ckpt["tokenizer"])
-    x, y, m = sft.encode_split(tok, [("What is 23 times 47?", "1081")], False, 32, "response")
+    from nanorl.evaluate import Task
+    x, y, m = sft.encode_split(Task(tok, "mul_text", False, "exact", 0), [("What is 23 times 47?", "1081")],
+                               "response")
     assert tok.decode(y[0][m[0].bool()].tolist()) == "1081" and y[0][m[0].bool()][-1] == tok.eos_id
 
 

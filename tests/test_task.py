@@ -50,9 +50,82 @@ def test_own_task_folder_and_verifier_through_sft_rl_and_sample(tmp_path):
 def test_own_task_errors(tmp_path):
     task = write_task(tmp_path / "letters")
     (task / "val.txt").unlink()
-    with pytest.raises(DataError, match="lacks val.txt"):
+    with pytest.raises(DataError, match="lacks val.jsonl"):
         sft.main(sft.Config(task=str(task), out_dir=str(tmp_path / "o")))
-    with pytest.raises(DataError, match="or a folder holding train.txt, val.txt, test.txt"):
+    with pytest.raises(DataError, match="or a folder of train, val, test .jsonl or .txt"):
         sft.main(sft.Config(task=str(tmp_path / "nowhere"), out_dir=str(tmp_path / "o")))
     with pytest.raises(UserError, match="unknown verifier 'nope'; valid: exact, final, text"):
         sft.main(sft.Config(verifier="nope", out_dir=str(tmp_path / "o")))
+
+
+# ---------------------------------------------------------------- JSONL tasks
+
+
+def write_jsonl(folder, rows_of):
+    folder.mkdir()
+    for split in ("train", "val", "test"):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_of(split)))
+    return folder
+
+
+def reverse_rows(split):
+    """Prompts with '=' and newlines; answer or ground_truth: the word reversed."""
+    words = {"train": ["ab", "ba", "abc", "cab", "bca", "aab"], "val": ["cba"], "test": ["acb", "bac"]}[split]
+    return [{"prompt": f"rev=\n{w}=", ("answer" if i % 2 else "ground_truth"): w[::-1]} for i, w in enumerate(words)]
+
+
+def test_a_jsonl_task_through_sft_rl_and_sample(tmp_path):
+    """A prompt may hold any character, '=' and newlines included; ground_truth names the answer
+    too; the char tokenizer's alphabet comes from the files."""
+    from data.tasks import load_split
+    task = write_jsonl(tmp_path / "rev", reverse_rows)
+    assert load_split(str(task), "train")[:2] == [("rev=\nab=", "ba"), ("rev=\nba=", "ab")]
+    out = tmp_path / "sft"
+    sft.main(sft.Config(task=str(task), reverse=False, verifier="text", out_dir=str(out), block_size=24,
+                        **{**TINY_SFT, "max_iters": 20, "batch_size": 8, "eval_interval": 20}))
+    assert {"\n", "="} <= set(load_checkpoint(str(out / "ckpt.pt"))["tokenizer"]["chars"])
+    rl.main(rl.Config(sft_ckpt=str(out / "ckpt.pt"), out_dir=str(tmp_path / "rl"), loss="grpo", max_iters=1,
+                      eval_interval=1, prompts_per_step=2, group_size=4, eval_samples=2, threads=1))
+    r = subprocess.run([sys.executable, "sample.py", f"--ckpt={out / 'ckpt.pt'}", "--split=test"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "accuracy" in r.stderr and r.stdout.count("rev=") == 2
+
+
+@pytest.mark.parametrize("line, match", [
+    ('{"prompt": "a", "answer": "b"', r"train.jsonl:2: not valid JSON"),
+    ('["a", "b"]', r"train.jsonl:2: expected a JSON object"),
+    ('{"answer": "b"}', r"train.jsonl:2: field 'prompt' missing or not a string"),
+    ('{"prompt": "a"}', r"train.jsonl:2: field 'answer' missing or not a string"),
+    ('{"prompt": "a", "answer": 3}', r"train.jsonl:2: field 'answer' missing or not a string"),
+    ('{"prompt": ["a"], "answer": "b"}', r"train.jsonl:2: field 'prompt' missing or not a string"),
+])
+def test_a_bad_jsonl_line_is_one_error_naming_file_and_line(tmp_path, line, match):
+    from data.tasks import load_split
+    task = write_jsonl(tmp_path / "bad", reverse_rows)
+    good = (task / "train.jsonl").read_text().splitlines()[0]
+    (task / "train.jsonl").write_text(f"{good}\n{line}\n")
+    with pytest.raises(DataError, match=match):
+        load_split(str(task), "train")
+
+
+def test_a_character_outside_the_checkpoints_tokenizer_names_file_and_line(tmp_path):
+    """The files changed after SFT: rl.py reads them with the checkpoint's alphabet."""
+    task = write_jsonl(tmp_path / "rev", reverse_rows)
+    out = tmp_path / "sft"
+    sft.main(sft.Config(task=str(task), reverse=False, verifier="text", out_dir=str(out), block_size=24,
+                        **{**TINY_SFT, "max_iters": 2, "eval_interval": 2}))
+    with open(task / "val.jsonl", "a") as f:
+        f.write(json.dumps({"prompt": "rev=\nxyz=", "answer": "zyx"}) + "\n")
+    with pytest.raises(DataError, match=r"val.jsonl:2: field 'prompt' has character 'x', not in the task alphabet"):
+        rl.main(rl.Config(sft_ckpt=str(out / "ckpt.pt"), out_dir=str(tmp_path / "rl"), max_iters=1))
+
+
+def test_block_size_and_max_new_tokens_that_do_not_fit_say_what_to_set(tmp_path):
+    task = write_jsonl(tmp_path / "rev", reverse_rows)
+    base = dict(task=str(task), reverse=False, verifier="text", out_dir=str(tmp_path / "o"), max_iters=1)
+    with pytest.raises(UserError, match=r"block_size=12 does not fit .*longest prompt \(9 tokens\) and "
+                                        r"max_new_tokens=8: set --block_size=17"):
+        sft.main(sft.Config(block_size=12, **base))
+    with pytest.raises(UserError, match=r"max_new_tokens=2 cuts .*longest answer \(4 tokens with EOS\): "
+                                        r"set --max_new_tokens=4"):
+        sft.main(sft.Config(block_size=16, max_new_tokens=2, **base))

@@ -1,5 +1,6 @@
-"""Tool use: the calculator (fuzzed with hostile text and ids), the traces it replays, the sampler
-that runs it, and the action mask that keeps the environment's tokens out of every loss."""
+"""Tool use: the calculator (envs/calculator.py, fuzzed with hostile text and ids), the traces it
+replays, the sampler that runs it, and the action mask that keeps the environment's tokens out of
+every loss."""
 import copy
 import functools
 import math
@@ -13,18 +14,34 @@ import losses as L
 import model as M
 import rl
 import sft
-from data.tasks import TOOL_TOKENS, format_prompt, load_split, task_alphabet
+from data.tasks import env_of, format_prompt, load_split, task_alphabet
+from envs.calculator import CHARS, MAX_CALLS, MAX_DIGITS, calculator, demo
 from model import GPT, GPTConfig, generate, logprobs
-from nanorl import pref, tools
-from nanorl.tool_task import gold_rows, trace
-from nanorl.tools import MAX_CALLS, MAX_DIGITS, Calculator, calculator, env_mask
+from nanorl import pref
+from nanorl.episodes import Episodes, replay
+from nanorl.evaluate import Task, env_metrics, rollout_metrics
 from tests.test_rl import make_run
 from tokenizer import CharTokenizer
-from verify import VERIFIERS, exact_answer
+from verify import VERIFIERS
 
+CALC = env_of("mul3_tool")  # the calculator module
 TOK = CharTokenizer(task_alphabet("mul3_tool", []))
-TOOL = Calculator(TOK, reverse=True)
 CALL = re.compile(r"\[([^\]]*)\]\{([^}]*)\}")
+
+
+def episodes(problems, G=1, **args):
+    """The calculator's episodes of G rows per problem, as rl.py and the evals make them."""
+    return Episodes(CALC, [a for _, a in problems], G, TOK, True, args)
+
+
+def task(problems=(), test=(), **kw):
+    return Task(TOK, "mul3_tool", True, "exact", 0, list(problems), [], list(test), env=CALC, **kw)
+
+
+def trace(prompt, answer):
+    """The demonstration's text in normal order."""
+    turns, final = demo(prompt, answer)
+    return "".join(f"{t}]{{{calculator(t[1:])}}}" for t in turns) + final
 
 
 def oracle(text, reverse):
@@ -42,49 +59,58 @@ def oracle(text, reverse):
 
 @settings(max_examples=400, deadline=None)
 @given(st.one_of(st.text(max_size=60), st.text("0123456789+*-٣ x\n", max_size=40),
-                 st.text("0123456789", min_size=1, max_size=2000)), st.booleans())
-def test_calculator_is_total_and_follows_its_grammar(text, reverse):
+                 st.text("0123456789", min_size=1, max_size=2000)))
+def test_calculator_is_total_and_follows_its_grammar(text):
     """Garbage, unicode digits (\\d would take them), huge numbers: a string, never an error."""
-    out = calculator(text, reverse)
-    assert out == oracle(text, reverse)
+    out = calculator(text)
+    assert out == oracle(text, False)
     assert out == "?" or (out.isascii() and out.isdigit() and len(out) <= MAX_DIGITS + 1)
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(st.integers(0, TOK.vocab_size - 1), max_size=120))
 def test_the_environment_answers_any_ids_with_a_bounded_result(ids):
-    """Any response ending with a close token (specials, nested calls, no open) -> `{...}`."""
-    out = TOOL(ids + [TOOL.close_id])
-    assert out[0] == TOOL.result_id and out[-1] == TOOL.end_id and 3 <= len(out) <= MAX_DIGITS + 3
-    assert re.fullmatch(r"[0-9]+|\?", TOK.decode(out[1:-1]))
+    """Any turn ending with `]` (specials, nested calls, no open) -> `{...}`, reward 0."""
+    env = episodes([("1*1=", "1")])
+    out, reward = env.step(0, ids + [env.turn_end])
+    assert reward == 0 and TOK.decode(out[:1]) == "{" and 3 <= len(out) <= MAX_DIGITS + 4
+    assert re.fullmatch(r"\{([0-9]+|\?)\}", TOK.decode(out[:-1] if out[-1] == TOK.eos_id else out))
 
 
 def test_calls_past_the_limit_and_specials_get_the_error_token():
-    call = TOK.encode("[21*3]")
-    assert TOOL(call) == TOK.encode("{63}")  # 12 * 3 = 36, reversed
-    assert TOOL(call * MAX_CALLS) == TOK.encode("{63}")
-    assert TOOL(call * (MAX_CALLS + 1)) == TOK.encode("{?}")
-    assert TOOL(TOK.encode("[21*") + [TOK.eos_id] + TOK.encode("3]")) == TOK.encode("{?}")
-    assert TOOL(TOK.encode("21*3]")) == TOK.encode("{?}")  # no open
-    assert Calculator(TOK, True, broken=True)(call) == TOK.encode("{?}")
+    """Numbers as the model writes them (reversed): `[21*3]` is 12 * 3, answered `{63}`."""
+    env, call, ids = episodes([("1*1=", "1")]), TOK.encode("[21*3]"), []
+    for k in range(1, 2 * MAX_CALLS + 1):
+        ids += call
+        obs, _ = env.step(0, ids)
+        ids += obs
+        want = "{63}" if k <= MAX_CALLS else "{?}"
+        assert obs == TOK.encode(want) + ([TOK.eos_id] if k == 2 * MAX_CALLS else [])
+    assert episodes([("1*1=", "1")], broken=True).step(0, call)[0] == TOK.encode("{?}")
+    special = TOK.encode("[21*") + [TOK.eos_id] + TOK.encode("3]")
+    assert episodes([("1*1=", "1")]).step(0, special)[0] == TOK.encode("{?}")
+    assert episodes([("1*1=", "1")]).step(0, TOK.encode("21*3]"))[0] == TOK.encode("{?}")  # no open
+    assert env.stats()[0].tolist() == [8] and env.stats()[1].tolist() == [4]  # turns, invalid
 
 
 @pytest.mark.parametrize("reverse", [True, False])
 def test_every_trace_replays_through_the_calculator(reverse):
-    """All 10k problems of every split: each call's result is the calculator's, at most
-    MAX_CALLS calls, and the verifier accepts the trace's final answer."""
+    """All 10k problems of every split: each call's result is the calculator's, MAX_CALLS
+    calls, the final answer scores 1, and the replayed ids are the trace's."""
     for split in ("train", "val", "test"):
         for p, a in load_split("mul3_tool", split):
-            text = format_prompt(trace(p, a), reverse)
+            text = trace(p, a)
             calls = CALL.findall(text)
-            assert len(calls) == MAX_CALLS and all(calculator(e, reverse) == r for e, r in calls)
-            assert exact_answer(text.rpartition('}')[2], a, reverse) == 1.0
+            assert len(calls) == MAX_CALLS and all(calculator(e) == r for e, r in calls)
+            ids, mask = replay(CALC, a, *demo(p, a), TOK, reverse)
+            assert ids == TOK.encode(format_prompt(text, reverse)) + [TOK.eos_id]
+            assert CALC.Env(a).score(text.rpartition("}")[2]) == 1.0
 
 
 def test_sft_loss_is_zero_exactly_on_the_tool_results():
     problems = load_split("mul3_tool", "test")[:50]
     for loss_on in ("response", "all"):
-        x, y, mask = sft.encode_split(TOK, problems, True, 96, loss_on, TOOL)
+        x, y, mask = sft.encode_split(task(), problems, loss_on)
         for row, m, (p, a) in zip(y.tolist(), mask.tolist(), problems):
             start = len(TOK.encode(format_prompt(p, True))) - 1  # y: the inputs shifted by one
             got = [t for t, k in zip(row[start:], m[start:]) if k]  # the trace's targets
@@ -103,9 +129,11 @@ def tool_model(seed=0, values=False):
 
 
 def sample(model, use_cache=True, G=8, seed=1, temperature=1.0):
-    prompts = [TOK.encode(format_prompt(p, True)) for p, _ in load_split("mul3_tool", "val")[:6]]
+    problems = load_split("mul3_tool", "val")[:6]
+    prompts = [TOK.encode(format_prompt(p, True)) for p, _ in problems]
     return generate(model, prompts, 40, TOK.eos_id, TOK.pad_id, G=G, temperature=temperature,
-                    generator=torch.Generator().manual_seed(seed), use_cache=use_cache, tool=TOOL)
+                    generator=torch.Generator().manual_seed(seed), use_cache=use_cache,
+                    env=episodes(problems, G))
 
 
 def test_sampler_forces_the_results_and_matches_the_trainer_with_and_without_cache():
@@ -116,14 +144,16 @@ def test_sampler_forces_the_results_and_matches_the_trainer_with_and_without_cac
     torch.testing.assert_close(out["logps"], plain["logps"], atol=1e-5, rtol=0)
     P = out["prompt_len"]
     act, resp = out["action_mask"][:, P:], out["response_mask"][:, P:]  # (N, L)
-    n_calls = []
-    for ids, a, n in zip(out["ids"][:, P:].tolist(), act.tolist(), resp.sum(1).tolist()):
-        closes = [t for t in range(n) if a[t] and ids[t] == TOOL.close_id]
+    n_calls, problems = [], load_split("mul3_tool", "val")[:6]
+    for r, (ids, a, n) in enumerate(zip(out["ids"][:, P:].tolist(), act.tolist(), resp.sum(1).tolist())):
+        closes, again, forced_all = [t for t in range(n) if a[t] and ids[t] == TOK.encode("]")[0]], \
+            episodes(problems[r // 8:r // 8 + 1]), 0  # the row's calls replayed in a fresh episode
         for t in closes:  # the environment's tokens right after each call, none its own
-            forced = TOOL(ids[:t + 1])[:n - t - 1]
+            forced = again.step(0, ids[:t + 1])[0][:n - t - 1]
             assert ids[t + 1:t + 1 + len(forced)] == forced
             assert not any(a[t + 1:t + 1 + len(forced)])
-        assert sum(a[:n]) + sum(len(TOOL(ids[:t + 1])[:n - t - 1]) for t in closes) == n
+            forced_all += len(forced)
+        assert sum(a[:n]) + forced_all == n
         n_calls.append(len(closes))
     assert {0, 1} <= set(n_calls) and max(n_calls) >= 3  # rows with no, one and several calls
     assert (out["logps"][act == 0] == 0).all()  # forced: log-prob 0
@@ -181,18 +211,19 @@ def env_noise(monkeypatch, responses, scale):
     return fired
 
 
-def loss_and_grads(name, b, monkeypatch, scale):
+def loss_and_grads(name, b, monkeypatch, scale, model_fn=None, gold=None):
     """One loss of row `name` on rollout b (pg: rl.prepare + rl.accumulate; pairs, rft, sft:
-    pref.rows_loss) with the environment's logits moved by scale -> (loss, gradients)."""
-    row = L.ALGOS[name]
-    model = tool_model(seed=3, values="values" in row.needs).train()  # b's sampler, [a head]
+    pref.rows_loss on `gold` rows) with the environment's logits moved by scale -> (loss,
+    gradients). model_fn(seed, values): a model of b's vocabulary (default: the tool task's)."""
+    row, model_fn = L.ALGOS[name], model_fn or tool_model
+    model = model_fn(seed=3, values="values" in row.needs).train()  # b's sampler, [a head]
     cfg = rl.Config(loss=name, group_size=4, micro_batch_size=1024, overlong_window=0,
                     beta=0.1 if "beta" in row.defaults else None, dynamic_sampling=False)
-    teacher = tool_model(seed=9) if "teacher" in row.needs else None
+    teacher = model_fn(seed=9) if "teacher" in row.needs else None
     run, b = make_run(cfg, model, teacher=teacher), copy.copy(b)
     b.baseline = torch.linspace(0, 1, len(b.ids))  # (N,) ReMax's greedy rewards
     P = b.ids.size(1) - b.mask.size(1)
-    gold = gold_rows(TOK, load_split("mul3_tool", "val")[:8], True, TOOL)
+    gold = gold or task().gold_rows(load_split("mul3_tool", "val")[:8])
     fired = env_noise(monkeypatch, [(b.ids[r, P:P + k].tolist(), b.mask[r, :k].tolist()) for r, k
                                     in enumerate(b.length.long().tolist())] +
                       [(r, m) for _, r, m in gold], scale)
@@ -205,14 +236,14 @@ def loss_and_grads(name, b, monkeypatch, scale):
     else:
         rows, labels = (gold, None) if row.data == "gold" else \
             pref.rollout_rows(b, row, cfg.group_size)
-        loss, _ = pref.rows_loss(model, run.ref, TOK.pad_id, rows, labels, row, run.hp)
+        loss, _ = pref.rows_loss(model, run.ref, 0, rows, labels, row, run.hp)  # PAD 0
     assert sum(fired) > 0, "no environment token reached the model"
     return loss.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]
 
 
-def assert_no_leak(name, b, monkeypatch):
-    loss, grads = loss_and_grads(name, b, monkeypatch, 0.0)
-    moved, moved_grads = loss_and_grads(name, b, monkeypatch, 5.0)
+def assert_no_leak(name, b, monkeypatch, **kw):
+    loss, grads = loss_and_grads(name, b, monkeypatch, 0.0, **kw)
+    moved, moved_grads = loss_and_grads(name, b, monkeypatch, 5.0, **kw)
     assert torch.isfinite(loss) and grads
     torch.testing.assert_close(moved, loss, atol=1e-6, rtol=1e-5)
     for g, h in zip(grads, moved_grads):
@@ -255,19 +286,20 @@ def test_eval_kl_and_length_count_only_the_policys_tokens_by_hand():
     """eval/kl is the k3 KL to the reference averaged over the action tokens of 4 samples per test
     prompt, eval/resp_len their count per answer: the calculator's results are in neither."""
     from types import SimpleNamespace
-    from nanorl.evaluate import Task, eval_kl
+    from nanorl.evaluate import eval_kl
     from nanorl.rows import encode_prompts
     policy, ref = tool_model(seed=3), tool_model(seed=4)
     test = load_split("mul3_tool", "val")[:6]
-    task = Task(TOK, "mul3_tool", True, "exact", 0, [], [], test, tool=TOOL)
+    tsk = task(test=test)
     cfg = SimpleNamespace(sample_batch_size=8, max_new_tokens=40, temperature=1.0)
-    m = eval_kl(policy, ref, task, cfg, torch.Generator().manual_seed(7), n=6)
+    m = eval_kl(policy, ref, tsk, cfg, torch.Generator().manual_seed(7), n=6)
     gen = torch.Generator().manual_seed(7)
     idx = torch.randperm(6, generator=gen).tolist()
     kl, n_act, n_resp, rows = 0.0, 0, 0, 0
     for i in range(0, 6, 2):  # sample_batch_size 8: 2 prompts x 4 samples a call
         prompts = encode_prompts(TOK, [test[j][0] for j in idx[i:i + 2]], True)
-        out = generate(policy, prompts, 40, TOK.eos_id, TOK.pad_id, G=4, generator=gen, tool=TOOL)
+        out = generate(policy, prompts, 40, TOK.eos_id, TOK.pad_id, G=4, generator=gen,
+                       env=episodes([test[j] for j in idx[i:i + 2]], 4))
         P, n_resp = out["prompt_len"], n_resp + out["response_mask"].sum().item()
         ref_lp = logprobs(ref, out["ids"], out["offsets"], out["action_mask"][:, P:])[0]
         for r, acts in enumerate(out["action_mask"][:, P:].tolist()):
@@ -312,22 +344,29 @@ def test_the_score_lands_on_the_last_action_token():
                                                       [k1, k1, 2 + k1, 0, 0]]))
 
 
-def test_tool_metrics_count_calls_errors_and_environment_tokens():
-    ids = torch.tensor([TOK.encode("[1*2]{2}2") + [TOK.eos_id] + [TOK.pad_id] * 5,
-                        TOK.encode("[*]{?}[1*1]{1}1")])  # (2, 15)
-    action = torch.tensor([env_mask(r, TOOL) for r in ids.tolist()])
-    c = tools.counts(ids, action, torch.tensor([10, 15]), TOOL)
-    assert c.tolist() == [2, 3, 1, 9, 25]
-    assert tools.metrics(c, "rl") == {"rl/tool_calls": 1.5, "rl/tool_error_frac": 1 / 3,
-                                      "rl/env_token_frac": 9 / 25}
+def test_episode_metrics_count_turns_invalid_turns_and_environment_tokens():
+    """Two rows: one call answered, then the answer; a bad call, a good one, the answer."""
+    problems = [("1*2=", "2"), ("1*1=", "1")]
+    rows = [TOK.encode("[1*2]"), TOK.encode("[*]"), TOK.encode("[1*1]")]
+    env, ids = episodes(problems), [[], []]
+    for r, turn in ((0, rows[0]), (1, rows[1]), (1, rows[2])):
+        ids[r] += turn
+        ids[r] += env.step(r, ids[r])[0]
+    ids = [ids[0] + TOK.encode("2") + [TOK.eos_id], ids[1] + TOK.encode("1") + [TOK.eos_id]]
+    assert [TOK.decode(i) for i in ids] == ["[1*2]{2}2", "[*]{?}[1*1]{1}1"]
+    out = {"prompt_len": 0, "response_mask": torch.tensor([[1] * 10 + [0] * 5, [1] * 15]),
+           "action_mask": torch.tensor([[1] * 5 + [0] * 3 + [1, 1] + [0] * 5,
+                                        [1] * 3 + [0] * 3 + [1] * 5 + [0] * 3 + [1]])}
+    m = env_metrics([(env, out)], "eval")
+    assert m == {"eval/turns": 1.5, "eval/invalid_frac": 1 / 3, "eval/env_token_frac": 9 / 25}
 
 
 def test_gold_rows_mask_exactly_the_results():
-    (p, r, m), = gold_rows(TOK, [("123*456=", "56088")], True, TOOL)
+    (p, r, m), = task().gold_rows([("123*456=", "56088")])
     text = TOK.decode(r[:-1])
     assert text == "[321*6]{837}[321*5]{516}[321*4]{294}[837+0516+00294]{88065}88065"
     assert "".join(c for c, k in zip(text, m) if k) == re.sub(r"\{[^}]*\}", "", text)
-    assert set(TOOL_TOKENS) <= set(TOK.chars)
+    assert set(CHARS) <= set(TOK.chars)
 
 
 # ---------------------------------------------------------------- bounds and gaps by hand
@@ -342,8 +381,11 @@ def test_calculator_bounds_by_hand():
     assert calculator("12345678+1") == "12345679" and calculator("123456789+1") == "?"
     assert calculator("1+12345678") == "12345679" and calculator("1+123456789") == "?"
     assert calculator("1+2+3+4") == "10" and calculator("1+2+3+4+5") == "?"
-    assert calculator("21*3", reverse=True) == "63" and calculator("9+1", reverse=True) == "01"
-    assert TOOL(TOK.encode("[21*") + [TOK.pad_id] + TOK.encode("3]")) == TOK.encode("{?}")
+    env = episodes([("1*1=", "1")])  # the model's digit order, turned back and forth
+    assert env.step(0, TOK.encode("[21*3]"))[0] == TOK.encode("{63}")
+    assert env.step(0, TOK.encode("[21*3]{63}[9+1]"))[0] == TOK.encode("{01}")
+    special = TOK.encode("[21*") + [TOK.pad_id] + TOK.encode("3]")
+    assert episodes([("1*1=", "1")]).step(0, special)[0] == TOK.encode("{?}")
 
 
 def test_forced_results_count_against_max_new_tokens_by_hand():
@@ -352,13 +394,13 @@ def test_forced_results_count_against_max_new_tokens_by_hand():
     forced tokens are not actions and have log-prob 0, with and without the cache."""
     model = tool_model()
     bias = torch.zeros(TOK.vocab_size)
-    bias[TOOL.close_id] = 50.0
+    bias[TOK.encode("]")[0]] = 50.0
     hook = model.lm_head.register_forward_hook(lambda mod, inp, out: out + bias)
     try:
         for use_cache in (True, False):
             out = generate(model, [TOK.encode("321*654=")], 10, TOK.eos_id, TOK.pad_id, G=2,
                            generator=torch.Generator().manual_seed(0), use_cache=use_cache,
-                           tool=TOOL)
+                           env=episodes([("456*123=", "56088")], 2))
             P = out["prompt_len"]
             assert out["ids"][:, P:].tolist() == [TOK.encode("]{?}]{?}]{")] * 2
             act = out["action_mask"][:, P:]
@@ -369,14 +411,19 @@ def test_forced_results_count_against_max_new_tokens_by_hand():
         hook.remove()
 
 
-def test_tool_counts_skip_the_padding_the_sampler_leaves():
+def test_episode_counts_skip_the_padding_the_sampler_leaves():
     """The sampler's action mask is 0 on padding as on the environment's tokens: only the
-    tokens before each row's length can be the environment's."""
+    response's tokens count, in a rollout's metrics as in an eval's."""
     ids = torch.tensor([TOK.encode("[1*2]{2}2") + [TOK.eos_id] + [TOK.pad_id] * 5])  # (1, 15)
-    action = torch.tensor([env_mask(ids[0, :10].tolist(), TOOL) + [0] * 5])
-    c = tools.counts(ids, action, torch.tensor([10]), TOOL)
-    assert c.tolist() == [1, 1, 0, 3, 10]
-    assert tools.metrics(c, "eval")["eval/env_token_frac"] == 0.3
+    mask = torch.tensor([[1] * 5 + [0] * 3 + [1, 1] + [0] * 5])
+    b = rl.Rollout(ids, torch.zeros(1), mask, torch.zeros(1, 15), reward=torch.ones(1),
+                   correct=torch.ones(1), length=torch.tensor([10.0]), finished=torch.ones(1),
+                   turn_rewards=torch.zeros(1, 15), turns=torch.ones(1), invalid=torch.zeros(1))
+    assert rollout_metrics(b)["rl/env_token_frac"] == pytest.approx(0.3)
+    out = {"prompt_len": 0, "response_mask": (torch.arange(15) < 10).long()[None], "action_mask": mask}
+    env = episodes([("1*2=", "2")])
+    env.step(0, TOK.encode("[1*2]"))
+    assert env_metrics([(env, out)], "eval")["eval/env_token_frac"] == pytest.approx(0.3)
 
 
 def test_pnpo_counts_only_the_policys_tokens_by_hand():
@@ -397,26 +444,25 @@ def test_rollout_keeps_the_environments_tokens_in_each_response():
     """rl.rollout with the calculator live: the mask is the sampler's action mask, and each
     row's length counts every response token, the environment's too (they count in
     max_new_tokens), so the graded response is the whole trace."""
-    from nanorl.evaluate import Task
     problems = load_split("mul3_tool", "val")[:4]
-    task = Task(TOK, "mul3_tool", True, "exact", 0, problems, tool=TOOL)
+    tsk = task(problems)
     cfg = rl.Config(loss="grpo", group_size=4, max_new_tokens=40, overlong_window=0)
     model = tool_model(seed=3)
-    b = rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, model, task), [0, 1, 2, 3],
+    b = rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, model, tsk), [0, 1, 2, 3],
                    torch.Generator().manual_seed(5), 4, 1.0)
-    out = generate(model, [p for p, *_ in task.gold_rows(problems)], 40, TOK.eos_id, TOK.pad_id,
-                   G=4, generator=torch.Generator().manual_seed(5), tool=TOOL)
+    out = generate(model, [p for p, *_ in tsk.gold_rows(problems)], 40, TOK.eos_id, TOK.pad_id,
+                   G=4, generator=torch.Generator().manual_seed(5), env=episodes(problems, 4))
     P = out["prompt_len"]
     assert torch.equal(b.mask, out["action_mask"][:, P:])
     assert b.length.tolist() == out["response_mask"][:, P:].sum(1).float().tolist()
     assert (b.length > b.mask.sum(1)).sum() >= 4  # rows with the environment's tokens
 
 
-def fake_generate(rows):
+def fake_generate(rows, tok=TOK):
     """A model.generate stand-in whose rows are [(text, 1 if the environment wrote it)] segments
     (reversed digits, as the model writes them), each ended with EOS."""
     def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, **kw):
-        ids = [sum((TOK.encode(t) for t, _ in r), []) + [eos_id] for r in rows]
+        ids = [sum((tok.encode(t) for t, _ in r), []) + [eos_id] for r in rows]
         env = [sum(([e] * len(t) for t, e in r), []) + [0] for r in rows]
         L, P = max(map(len, ids)), len(prompts[0])
         out = torch.full((len(rows), P + L), pad_id)
@@ -425,7 +471,8 @@ def fake_generate(rows):
             out[i, :P], out[i, P:P + len(r)] = torch.tensor(prompts[0]), torch.tensor(r)
             act[i, P:P + len(r)], resp[i, P:P + len(r)] = 1 - torch.tensor(e), 1
         return dict(ids=out, offsets=torch.zeros(len(rows), dtype=torch.long), action_mask=act,
-                    response_mask=resp, logps=torch.zeros(len(rows), L), prompt_len=P)
+                    response_mask=resp, logps=torch.zeros(len(rows), L), prompt_len=P,
+                    turn_rewards=torch.zeros(len(rows), L))
     return generate
 
 
@@ -434,15 +481,14 @@ def test_the_reward_reads_the_text_after_the_environments_last_token(monkeypatch
     environment's last result ends. Gold 56088 (written 88065), the verifier of
     configs/mul3_tool.py: the answer after the policy's own `}` earns nothing."""
     from nanorl.config import load_config
-    from nanorl.evaluate import Task
     rows = [[("999}88065", 0)], [("[1*2}88065", 0)], [("[321*6]", 0), ("{837}", 1), ("77}88065", 0)],
             [("[321*6]", 0), ("{837}", 1), ("[837+0516]", 0), ("{88065}", 1), ("88065", 0)],
             [("[321*6]", 0), ("{88065}", 1)], [("88065", 0)]]
     verifier = load_config(sft.Config, ["configs/mul3_tool.py"]).verifier
-    task = Task(TOK, "mul3_tool", True, verifier, 0, [("123*456=", "56088")], tool=TOOL)
+    tsk = Task(TOK, "mul3_tool", True, verifier, 0, [("123*456=", "56088")], env=CALC)
     cfg = rl.Config(loss="grpo", group_size=len(rows), max_new_tokens=40, overlong_window=0)
     monkeypatch.setattr(rl, "generate", fake_generate(rows))
-    b = rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, None, task), [0], None, len(rows), 1.0)
+    b = rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, None, tsk), [0], None, len(rows), 1.0)
     assert b.correct.tolist() == [0, 0, 0, 1, 0, 1]
 
 
@@ -466,11 +512,11 @@ def test_every_family_trains_on_the_tool_task(name, tool_ckpt, tmp_path, monkeyp
     held-out evals with it: finite losses and the tool metrics, train and eval."""
     import json
     import nanorl.evaluate as E
-    small = lambda task, split: load_split(task, split)[:24]  # noqa: E731 (fast evals)
+    small = lambda task, split, *a: load_split(task, split, *a)[:24]  # noqa: E731 (fast evals)
     monkeypatch.setattr(E, "load_split", small)
     reward = (lambda *a, **k: 1.0) if name == "rft" else \
-        (lambda text, gold, reverse=False: float(len(text) % 2))  # varied: the model is never right
-    monkeypatch.setitem(VERIFIERS, "exact", reward)
+        (lambda text, gold, reverse=False: float(len(text or "") % 2))  # varied: never right
+    monkeypatch.setattr(CALC, "exact_answer", reward)  # the calculator's score
     cfg = rl.Config(loss=name, sft_ckpt=tool_ckpt, out_dir=str(tmp_path), max_iters=2,
                     eval_interval=2, prompts_per_step=4, group_size=4, eval_samples=2,
                     max_new_tokens=80, threads=1, pairs="online" if name == "dpo" else "offline",
@@ -480,19 +526,23 @@ def test_every_family_trains_on_the_tool_task(name, tool_ckpt, tmp_path, monkeyp
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     train = [r for r in rows if "rl/loss" in r]
     assert train and all(math.isfinite(r["rl/loss"]) for r in train)
-    assert all(0 <= r["rl/env_token_frac"] < 1 and r["rl/tool_calls"] >= 0 for r in train)
-    assert {"eval/tool_calls", "eval/tool_error_frac", "eval/env_token_frac"} <= set(rows[-1])
+    assert all(0 <= r["rl/env_token_frac"] < 1 and r["rl/turns"] >= 0 for r in train)
+    assert {"eval/turns", "eval/invalid_frac", "eval/env_token_frac"} <= set(rows[-1])
 
 
-def test_sample_shows_the_trace_and_can_kill_the_tool(tool_ckpt, capsys):
-    """Every close `]` is the policy's, so the text after it is the environment's result."""
+def test_sample_shows_the_trace_turn_by_turn_and_can_kill_the_tool(tool_ckpt, capsys):
+    """Each sample: the prompt, then a line per turn, the policy's call and the environment's
+    result, then the score; every result `{?}` when the calculator is broken."""
     import sample
-    for tool in ("calc", "error"):
-        sample.main(sample.Config(ckpt=tool_ckpt, prompt="123*456=", num_samples=8,
-                                  temperature=1.0, tool=tool))
+    for broken in (False, True):
+        sample.main(sample.Config(ckpt=tool_ckpt, prompt="123*456=56088", num_samples=8,
+                                  temperature=1.0, env_args={"broken": broken}))
         lines = capsys.readouterr().out.splitlines()
-        assert len(lines) == 8 and all(line.startswith("123*456=") for line in lines)
-        results = [m[1] for line in lines for m in re.finditer(r"\](\{[0-9?]*\})", line)]
-        assert len(results) > 8 and ({"{?}"} == set(results)) == (tool == "error")
-    with pytest.raises(rl.UserError, match="tool must be"):
-        sample.main(sample.Config(ckpt=tool_ckpt, prompt="1*2=", tool="python"))
+        assert sum(line == "123*456=" for line in lines) == 8
+        assert sum(line.startswith("  score ") for line in lines) == 8
+        results = [m[1] for line in lines for m in re.finditer(r"\]  (\{[0-9?]*\})$", line)]
+        assert len(results) > 8 and ({"{?}"} == set(results)) == broken
+    with pytest.raises(rl.UserError, match="no argument 'python'"):
+        sample.main(sample.Config(ckpt=tool_ckpt, prompt="1*2=2", env_args={"python": 1}))
+    with pytest.raises(rl.UserError, match="need their answers"):
+        sample.main(sample.Config(ckpt=tool_ckpt, prompt="1*2="))

@@ -1,0 +1,72 @@
+"""
+The guess-the-number table (README): a checkpoint plays every secret, 8 games each at temperature 1
+(the distribution RL trains) and once greedily, and the environment's own record of each game is
+read back: wins within 7 turns, turns when won, invalid and inconsistent guesses, the first guess.
+
+    python bench/guess.py --ckpt=out/sft-guess/ckpt.pt          # (a)
+    python bench/guess.py --ckpt=out/rl-guess/ckpt.pt --traces=4
+    python bench/guess.py --limit                                # (d) binary search, exactly
+
+A guess is consistent when the numbers it could be are still possible (every game's feedback so far).
+"""
+import os
+import sys
+from collections import Counter
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from envs import guess  # noqa: E402
+from model import generate  # noqa: E402
+from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from nanorl.evaluate import Task  # noqa: E402
+from nanorl.rows import encode_prompts, responses  # noqa: E402
+
+
+def play(ckpt_path, G=8, temperature=1.0, seed=0):
+    """Every test secret G times -> (the games' Env objects, their decoded responses)."""
+    ckpt = load_checkpoint(ckpt_path)
+    model, tok = model_from_checkpoint(ckpt, ckpt_path)
+    task = Task.of(ckpt, ckpt_path, tok)
+    env = task.episodes(task.test, G)
+    out = generate(model.eval(), encode_prompts(tok, [p for p, _ in task.test], task.reverse),
+                   ckpt["config"]["max_new_tokens"], tok.eos_id, tok.pad_id, G=G,
+                   temperature=temperature, generator=torch.Generator().manual_seed(seed), env=env)
+    return env.envs, [tok.decode(r) for r in responses(out)]
+
+
+def table_row(games):
+    """Win within 7, mean turns when won, invalid and consistent shares of the guesses, the
+    most common first guesses."""
+    won = [g for g in games if g.won]
+    guesses = sum(g.turns for g in games)
+    valid = guesses - sum(g.invalid for g in games)
+    first = Counter(g.guesses[0] for g in games if g.guesses)
+    return {"win": len(won) / len(games), "turns_won": sum(g.turns for g in won) / max(1, len(won)),
+            "invalid": sum(g.invalid for g in games) / max(1, guesses),
+            "consistent": 1 - sum(g.inconsistent for g in games) / max(1, valid),
+            "first": first.most_common(5)}
+
+
+def main(argv):
+    args = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "1") for a in argv)
+    if "limit" in args:
+        turns = [guess.binary_search(s) for s in range(guess.LO, guess.HI + 1)]
+        print(f"binary search: win {sum(t <= guess.TURNS for t in turns) / len(turns):.3f}, "
+              f"turns when won {sum(turns) / len(turns):.2f}, invalid 0, first guess 50")
+        return
+    ckpt = args.get("ckpt", "out/sft-guess/ckpt.pt")
+    for name, G, temperature in (("temperature 1, 8 games a secret", 8, 1.0), ("greedy", 1, 0.0)):
+        games, texts = play(ckpt, G, temperature)
+        r = table_row(games)
+        print(f"{name}: win within 7 {r['win']:.3f}, turns when won {r['turns_won']:.2f}, "
+              f"invalid {r['invalid']:.3f}, consistent {r['consistent']:.3f}, "
+              f"first guesses {r['first']}")
+        if G > 1:
+            for text, g in list(zip(texts, games))[:int(args.get("traces", 0)) * G:G]:
+                print(f"  secret {g.secret:3d}: {guess.PROMPT}{text}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,85 @@
+"""
+Guess the number (TextArena's GuessTheNumber): a secret in 1..100, hidden in the row's answer.
+The policy writes a guess and ends its turn with `|`; the environment answers `<` (the secret is
+lower), `>` (higher), `=` (found: the episode ends) or `?` (not a number in 1..100: a turn spent).
+The episode also ends after 7 turns. Binary search always wins, in 5.80 turns on average.
+
+    python sft.py configs/guess.py                        # imitate the random consistent player
+    python rl.py configs/rl_guess.py                      # GRPO, reward 1 on a win
+    python rl.py configs/rl_guess.py --loss=reinforce_pp --env_args='{"process_reward": true}'
+
+    1-100:50|<25|>37|=      secret 37, won in 3 turns
+
+The demonstrations are the random consistent player's: each guess uniform over the numbers
+still possible. It wins within 7 turns about half the time. process_reward pays each turn the
+share of the possible numbers it ruled out, log2(before / after) / log2(100): a won episode's
+turns sum to 1, and the win adds 1.
+"""
+import math
+
+CHARS = "|<>?:"
+PROMPT, LO, HI, TURNS = "1-100:", 1, 100, 7
+
+
+class Env:
+    """One game: the secret, the numbers still possible [lo, hi], the turns and the outcome."""
+    turn_end, max_turns, max_obs = "|", TURNS, 1
+
+    def __init__(self, answer, process_reward=False):
+        self.secret, self.process_reward = int(answer), process_reward
+        self.lo, self.hi, self.turns, self.won = LO, HI, 0, False
+        self.invalid, self.inconsistent, self.guesses = 0, 0, []
+
+    def step(self, turn):
+        if self.won or self.turns >= TURNS:  # a guess after the end: nothing changes
+            return "", 0.0, True
+        self.turns += 1
+        ok = turn is not None and turn.isascii() and turn.isdigit() and turn == str(int(turn))
+        guess = int(turn) if ok and LO <= int(turn) <= HI else None
+        self.guesses.append(guess)
+        if guess is None:
+            self.invalid += 1
+            return "?", 0.0, self.turns >= TURNS
+        before = self.hi - self.lo + 1
+        self.inconsistent += not self.lo <= guess <= self.hi
+        if guess < self.secret:
+            self.lo, obs = max(self.lo, guess + 1), ">"
+        elif guess > self.secret:
+            self.hi, obs = min(self.hi, guess - 1), "<"
+        else:
+            self.lo = self.hi = guess
+            self.won, obs = True, "="
+        shrink = math.log2(before / (self.hi - self.lo + 1)) / math.log2(HI - LO + 1)
+        return obs, shrink if self.process_reward else 0.0, self.won or self.turns >= TURNS
+
+    def score(self, final):
+        return 1.0 if self.won else 0.0
+
+
+def splits(n_train=20000):
+    """train: n_train games, secrets 1..100 in turn (each row's demonstration drawn on its own);
+    val and test: every secret once. The prompt never shows the secret, so no split leaks."""
+    every = [(PROMPT, str(s)) for s in range(LO, HI + 1)]
+    return {"train": [every[i % len(every)] for i in range(n_train)], "val": every, "test": every}
+
+
+def demo(prompt, answer, rng):
+    """A random consistent player's game -> (its guesses, no final answer: the game ends it)."""
+    secret, lo, hi, guesses = int(answer), LO, HI, []
+    while len(guesses) < TURNS:
+        guess = rng.randint(lo, hi)
+        guesses.append(str(guess))
+        if guess == secret:
+            break
+        lo, hi = (guess + 1, hi) if guess < secret else (lo, guess - 1)
+    return guesses, None
+
+
+def binary_search(secret):
+    """The limit: turns to find the secret by always guessing the middle."""
+    lo, hi = LO, HI
+    for turn in range(1, 100):
+        guess = (lo + hi) // 2
+        if guess == secret:
+            return turn
+        lo, hi = (guess + 1, hi) if guess < secret else (lo, guess - 1)
