@@ -9,5 +9,7 @@ env_args = dict(process_reward=True)
 beta = 0.0
 group_size = 8
 prompts_per_step = 32
-max_iters = 150
+max_iters = 200
+micro_batch_size = 64  # 40-token games: memory (peak RSS), not compute
+sample_batch_size = 128
 eval_interval = 25
