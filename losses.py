@@ -328,24 +328,31 @@ def gkd(logp, old_logp, adv, m, hp, logits, teacher_logits):
 
 
 def loss(name, logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, **kw):
-    """ALGOS[name]'s loss: -(objective - beta KL if its KL is in the loss), aggregated as
-    its row says. kw: any of its hyperparameters (the rest: the row's) and its inputs."""
-    row = ALGOS[name]
-    hp = resolve_hparams(name, **{k: kw.pop(k) for k in list(kw) if k in row.defaults})
+    """ALGOS[name]'s loss (algo_loss). kw: any of its hyperparameters (the rest: the row's
+    defaults) and its inputs."""
+    algo = ALGOS[name]
+    hp = resolve_hparams(name, **{k: kw.pop(k) for k in list(kw) if k in algo.defaults})
     bad = [k for k in kw if k not in INPUTS]
     if bad:
         raise ValueError(f"loss {name!r} has no hyperparameter {bad[0]!r}; "
-                         f"it takes {', '.join(row.defaults) or 'none'}")
+                         f"it takes {', '.join(algo.defaults) or 'none'}")
+    return algo_loss(algo, hp, logp, old_logp, adv, mask, ref_logp, n_tokens, n_seqs, **kw)
+
+
+def algo_loss(algo, hp, logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None,
+              **inputs):
+    """A row's loss with its resolved hyperparameters hp: -(objective - beta KL if its KL is in
+    the loss), aggregated as the row says."""
     m = mask.bool()
     logp, old_logp = torch.where(m, logp, 0.0), torch.where(m, old_logp.detach(), 0.0)
-    obj, stats = row.objective(logp, old_logp, adv.detach(), m, hp, **kw)
+    obj, stats = algo.objective(logp, old_logp, adv.detach(), m, hp, **inputs)
     counts = dict(n_tokens=n_tokens, n_seqs=n_seqs, max_len=hp.get("max_new_tokens"))
-    out = -aggregate(obj, m, row.agg, **counts)
-    if row.kl == "loss" and hp["beta"]:
+    out = -aggregate(obj, m, algo.agg, **counts)
+    if algo.kl == "loss" and hp["beta"]:
         if ref_logp is None:
             raise ValueError(f"an in-loss KL term (beta={hp['beta']}) needs ref_logp")
         kl = kl_estimate(logp, torch.where(m, ref_logp.detach(), 0.0), hp["kl_estimator"])
-        out = out + hp["beta"] * aggregate(kl, m, row.agg, **counts)
+        out = out + hp["beta"] * aggregate(kl, m, algo.agg, **counts)
     return out, stats
 
 # -------------------------------------------------------------- the table
@@ -357,14 +364,32 @@ class Algo:  # a row: everything rl.py does for one --loss
     advantage: Optional[str]  # group_advantages' kind, first_wrong, gae, rpp, greedy, teacher
     kl: Optional[str]  # where beta's KL goes: "loss" (-beta KL), "reward" (-beta k1)
     agg: str  # what the loss divides by (aggregate)
-    needs: tuple = ()  # values, teacher(_logits), greedy, tokens, group_correct, ref
+    needs: tuple = ()  # values, teacher(_logits), greedy, group_correct, ref
     ratio: Optional[str] = "token"  # what --rollout_is reweighs: token, sequence, none
     on_policy: bool = False  # one optimizer step per fresh rollout
     binary: bool = False  # its advantage assumes 0/1 rewards
     overlong: int = 0  # DAPO's overlong shaping window in tokens
     family: str = "pg"  # pg: rollouts; pref: pairs; sft: supervised rows
     data: str = "rollout"  # pref: pairs, labels (KTO); sft: gold, samples
+    select: Optional[str] = None  # the tokens singled out (nanorl/cov.py): clip_cov, kl_cov
     defaults: dict = field(default_factory=dict)  # the papers' values, unless measured
+
+    def __post_init__(self):  # a typo in a column fails at import, not silently
+        for column, valid in COLUMNS.items():
+            value = getattr(self, column)
+            for v in value if column == "needs" else (value,):
+                if v not in valid:
+                    raise ValueError(f"ALGOS: column {column} has no value {v!r}; valid: {valid}")
+
+
+COLUMNS = dict(advantage=(None, "std", "mean", "rloo", "maxrl", "first_wrong", "gae", "rpp",
+                          "rpp_baseline", "greedy", "teacher"), kl=(None, "loss", "reward"),
+               agg=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                    "seq-mean-token-sum-norm", "pairs", "answers"),
+               needs=("values", "teacher", "teacher_logits", "greedy", "group_correct", "ref"),
+               ratio=("token", "sequence", None), family=("pg", "pref", "sft"),
+               data=("rollout", "pairs", "labels", "gold", "samples"),
+               select=(None, "clip_cov", "kl_cov"))
 
 
 TOK, SEQ = "token-mean", "seq-mean-token-mean"
@@ -396,9 +421,9 @@ ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
                  defaults=dict(_SOFT, eps_low=0.4, eps_high=0.4)),
     "dppo": Algo(dppo, "std", "loss", TOK, defaults=dict(_SOFT, delta=0.2, is_cap=20.0)),
     "maxrl": Algo(pg, "maxrl", None, SEQ, **ON, binary=True),
-    "clip_cov": Algo(clip_cov, "std", "loss", TOK, needs=("tokens",),
+    "clip_cov": Algo(clip_cov, "std", "loss", TOK, select="clip_cov",
                      defaults=dict(_CLIP, cov_ratio=2e-4, cov_lb=1.0, cov_ub=5.0)),
-    "kl_cov": Algo(kl_cov, "std", "loss", TOK, needs=("tokens",),  # the 7B recipe
+    "kl_cov": Algo(kl_cov, "std", "loss", TOK, select="kl_cov",  # the 7B recipe
                    defaults=dict(_SOFT, cov_ratio=2e-3, cov_kl_coef=1.0)),
     "reinforce_pp": Algo(clip, "rpp", "reward", TOK, defaults=_RPP),
     "reinforce_pp_baseline": Algo(clip, "rpp_baseline", "reward", TOK, defaults=_RPP),
@@ -424,6 +449,8 @@ DEFAULTS = {n: a.defaults for n, a in ALGOS.items()}
 KNOBS = {k: type(v) if v is not None else float for d in DEFAULTS.values() for k, v in d.items()
          if k not in ("kind", "max_new_tokens")}  # max_new_tokens: the run's; kind: the row's
 Knobs = make_dataclass("Knobs", [(k, Optional[t], None) for k, t in KNOBS.items()])  # rl.py --k=v
+Knobs.__module__, Knobs.help = __name__, {k: "None = the row's: " + ", ".join(
+    f"{n} {d[k]}" for n, d in DEFAULTS.items() if k in d) for k in KNOBS}  # rl.py --help
 
 
 def resolve_hparams(name, **overrides):

@@ -29,43 +29,29 @@ class GPTConfig:
 
 
 class KVCache:
-    """Preallocated keys/values (n_layer, B, n_head, max_len, head_dim), a row per distinct
-    prefix; `select` keeps the rows the next step extends (a fork is copied)."""
+    """Each layer's keys and values so far (B, n_head, pos, head_dim), a row per distinct prefix.
+    generate's: `select` keeps the rows its next step extends; training's: a prompt's, computed
+    once, repeated to its rows (`expand`, not in place: autograd adds their gradients)."""
 
-    def __init__(self, cfg, batch_size, max_len, device, dtype):
-        shape = (cfg.n_layer, batch_size, cfg.n_head, max_len, cfg.n_embd // cfg.n_head)
-        self.k = torch.empty(shape, device=device, dtype=dtype)  # read only where written
-        self.v = torch.empty(shape, device=device, dtype=dtype)
-        self.pos = 0  # number of positions already written
+    def __init__(self):
+        self.k, self.v, self.pos = [], [], 0  # pos: the number of positions so far
 
     def update(self, layer, k, v):
         """k, v (B, nh, T, hd) -> every key and value so far (B, nh, pos+T, hd)."""
-        end = self.pos + k.size(2)
-        self.k[layer, :, :, self.pos:end], self.v[layer, :, :, self.pos:end] = k, v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]
+        if layer == len(self.k):  # the first pass
+            self.k.append(k)
+            self.v.append(v)
+        else:
+            self.k[layer] = torch.cat([self.k[layer], k], 2)
+            self.v[layer] = torch.cat([self.v[layer], v], 2)
+        return self.k[layer], self.v[layer]
 
     def select(self, rows):
         """Keep the cache rows `rows` (U,), in that order; a row may repeat."""
-        if len(rows) != self.k.size(1) or not torch.equal(rows, torch.arange(len(rows)).to(rows)):
-            self.k, self.v = self.k[:, rows], self.v[:, rows]
+        self.k, self.v = [t[rows] for t in self.k], [t[rows] for t in self.v]
 
-
-class PrefixKV:
-    """Training's cache: each prompt's keys/values, computed once with gradient and expanded
-    to its rows (not in place: autograd), so all its rows' gradients reach it."""
-
-    def __init__(self):
-        self.k, self.v, self.pos = [], [], 0
-
-    def update(self, layer, k, v):
-        if self.pos == 0:  # the prompt pass: keep (B, nh, P, hd)
-            self.k.append(k)
-            self.v.append(v)
-            return k, v
-        k, v = torch.cat([self.k[layer], k], 2), torch.cat([self.v[layer], v], 2)
-        return k, v  # (N, nh, P+T, hd)
-
-    def expand(self, counts):  # counts (n,): rows of each prompt
+    def expand(self, counts):
+        """Repeat row i counts[i] times (counts (B,))."""
         self.k = [t.repeat_interleave(counts, dim=0) for t in self.k]
         self.v = [t.repeat_interleave(counts, dim=0) for t in self.v]
 
@@ -216,10 +202,9 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
       logps          (N, L)    each sampled token's log-prob under the sampling distribution
                                (temperature 0: greedy, untempered; top-k), 0 off actions
       turn_rewards   (N, L)    with env: each turn's reward on its last token, else absent
-      offsets        (N,)      left-pad count of each row
-      prompt_len     P
-    env (nanorl/episodes.py): once row r samples env.turn_end, env.step(r, its response ids)
-    gives the ids forced in next, a token a step (counted in max_new_tokens), log-prob 0."""
+      offsets, prompt_len      (N,) left-pad count of each row; P
+    env (nanorl/episodes.py): a row that samples env.turn_end gets env.step(r, its response ids),
+    forced in next: a token a step (counted in max_new_tokens), log-prob 0."""
     was_training, device = model.training, next(model.parameters()).device
     model.eval()  # no dropout in rollouts
     B, P = len(prompts), max(len(p) for p in prompts)
@@ -230,9 +215,7 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
                          f"context window (block_size={model.config.block_size})")
     seq = torch.tensor([[pad_id] * (P - len(p)) + p for p in prompts], device=device)  # (B, P)
     offsets = torch.tensor([P - len(p) for p in prompts], device=device)  # (B,)
-    dtype = torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) \
-        else model.lm_head.weight.dtype  # the dtype keys and values arrive in
-    cache = KVCache(model.config, B, P + max_new_tokens, device, dtype) if use_cache else None
+    cache = KVCache() if use_cache else None
     logits = model(seq, offsets, cache)[:, -1]  # (B, V) one prefill per prompt for G rows
     node, node_off = torch.arange(B, device=device).repeat_interleave(G), offsets  # row -> prefix
     seq, offsets = seq.repeat_interleave(G, dim=0), offsets.repeat_interleave(G, dim=0)
@@ -293,14 +276,16 @@ def token_logps(logits, labels, mask, temperature=1.0):
     return torch.where(mask.bool(), logp, 0.0)
 
 
-def logprobs(model, ids, offsets, mask, temperature=1.0, scalar=False, logits=False, rows=None):
+def logprobs(model, ids, offsets, mask, temperature=1.0, scalar=False, logits=False,
+             max_rows=None):
     """The one route from rows to log-probs -> (logp (N, L) of the response ids[:, P:], tempered,
     0 off mask (N, L); the scalar head (N, L) if scalar; the tempered logits (N, L, V) if
-    logits), at most `rows` rows a forward (memory)."""
+    logits), at most max_rows rows a forward (memory)."""
     N, P = ids.size(0), ids.size(1) - mask.size(1)
-    if rows and N > rows:
-        parts = [logprobs(model, ids[i:i + rows], offsets[i:i + rows], mask[i:i + rows],
-                          temperature, scalar, logits) for i in range(0, N, rows)]
+    if max_rows and N > max_rows:
+        parts = [logprobs(model, ids[i:i + max_rows], offsets[i:i + max_rows],
+                          mask[i:i + max_rows], temperature, scalar, logits)
+                 for i in range(0, N, max_rows)]
         return tuple(None if p[0] is None else torch.cat(p) for p in zip(*parts))
     out = response_forward(model, ids, offsets, P, return_scalar=scalar)
     z, head = out if scalar else (out, None)
@@ -311,13 +296,13 @@ def logprobs(model, ids, offsets, mask, temperature=1.0, scalar=False, logits=Fa
 def response_forward(model, ids, offsets, P, return_scalar=False):
     """model(ids, offsets)[:, P-1:-1]: the logits (N, L, V) scoring each response token of ids
     (N, P+L) [and the scalar head (N, L)]. Each distinct row runs once (a peaked policy repeats
-    itself), each prompt once, its keys and values expanded to its rows (PrefixKV); outputs
+    itself), each prompt once, its keys and values expanded to its rows (KVCache.expand); outputs
     are indexed back to all rows, so gradients add."""
     rows = torch.cat([offsets[:, None], ids], 1)  # (N, 1+P+L): a row's padding and tokens
     uniq, inv = torch.unique(rows, dim=0, return_inverse=True)  # sorted: a prompt's rows adjacent
     counts = torch.unique_consecutive(uniq[:, :1 + P], dim=0, return_counts=True)[1]  # (n,)
     off, uniq = uniq[:, 0], uniq[:, 1:]  # (U,), (U, P+L)
-    cache, starts = PrefixKV(), counts.cumsum(0) - counts
+    cache, starts = KVCache(), counts.cumsum(0) - counts
     heads = model(uniq[starts, :P], off[starts], cache, return_scalar)  # (n, P, V) [, (n, P)]
     heads = heads if return_scalar else (heads,)
     parts = [[t[:, -1:].repeat_interleave(counts, dim=0)] for t in heads]  # position P-1

@@ -25,7 +25,8 @@ from model import generate, seeded
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError, run_cli
 from nanorl.ddp import all_reduce
-from nanorl.loop import TrainConfig, start, train
+from nanorl import loop
+from nanorl.loop import TrainConfig, start
 from nanorl.pref import ensure_pairs, load_records, nll_loss
 from nanorl.rm import bt_loss, rm_scores
 from nanorl.rows import gold_rows, pack, record_rows, responses
@@ -109,13 +110,13 @@ def load_pairs(cfg, model, tok, task, reverse, rank, world):
     if not pairs["test_policy"][0]:
         raise UserError("the SFT policy sampled no wrong answer on the test split: no RM eval")
     if cfg.policy_samples:
-        mine = sampled("train", cfg.policy_samples, slice(rank, None, world))
-        pairs["train"] = tuple(a + b for a, b in zip(pairs["train"], mine))
+        own = sampled("train", cfg.policy_samples, slice(rank, None, world))
+        pairs["train"] = tuple(a + b for a, b in zip(pairs["train"], own))
     return pairs
 
 
 def main(cfg):
-    dev, rank, world = start(cfg, positive=("batch_size", "val_interval", "log_interval",
+    dev, rank, world = start(cfg, positive=("batch_size", "log_interval",
                                             "temperature", "max_new_tokens", "eval_policy_samples"),
                              non_negative=("policy_samples",))
     ckpt = load_checkpoint(cfg.sft_ckpt, hint="make one with: python sft.py configs/mul.py")
@@ -132,32 +133,64 @@ def main(cfg):
         print(f"{sizes} pairs ({kinds.count('policy')} of train's from policy samples; "
               f"{time.time() - t0:.0f}s)", flush=True)
 
-    def train_step(gen):  # this rank's batch_size / world pairs
-        B = cfg.batch_size // world
-        idx = torch.randint(len(chosen), (B,), generator=gen).tolist()
-        rows = [chosen[i] for i in idx] + [rejected[i] for i in idx]
-        s, logp, mask = scores(model, rows, tok.pad_id, cfg.lik_coef)  # (2B,), (2B, T-1), (2B, T-1)
-        bt, st = bt_loss(s[:B], s[B:])  # the mean over this rank's pairs; / world: the batch's
-        n_tok = all_reduce(mask[:B].sum()).item()  # every rank's right-answer tokens
-        nll, _ = nll_loss(logp[:B], mask[:B], n_tok)
-        loss = bt / world + cfg.lm_coef * nll
-        loss.backward()
-        return {"train/loss": loss.detach(), "train/pair_accuracy": st["pair_accuracy"] / world,
-                "train/margin": st["margin"] / world, "train/nll": nll.detach()}, mask.numel()
+    return train(cfg, model, tok, pairs, {**asdict(cfg), "task": task, "reverse": reverse}, rank,
+                 world)  # the config: what rl.py reads (ckpt_settings)
 
-    def run_eval(split, step):  # test: per kind too; val: the mean of both kinds of pairs
-        def acc(name):
-            return pair_accuracy(model, pairs[name], tok.pad_id, cfg.lik_coef)
-        if split == "test":
-            return {**{f"eval/pair_accuracy{k}": v for k, v in acc("test").items()},
-                    "eval/policy_pair_accuracy": acc("test_policy")[""]}
-        m = {"val/pair_accuracy": acc("val")[""]}
-        if pairs["val_policy"][0]:  # none if the policy never erred on val
-            m["val/policy_pair_accuracy"] = acc("val_policy")[""]
-        return {**m, "val/mean_pair_accuracy": sum(m.values()) / len(m)}
 
-    conf = {**asdict(cfg), "task": task, "reverse": reverse}  # what rl.py reads (ckpt_settings)
-    return train(cfg, model, tok, conf, train_step, run_eval, rank, "val/mean_pair_accuracy")
+def train(cfg, model, tok, pairs, run_config, rank, world):
+    """The loop: batch_size pairs a step (this rank's share), the Bradley-Terry loss plus
+    lm_coef times the right answers' NLL; val pair accuracy on rank 0 (its mean over both kinds
+    of pairs picks best.pt), test's per kind too at each full eval."""
+    chosen, rejected, _ = pairs["train"]
+    opt = loop.adamw(model, cfg.lr, cfg.weight_decay)
+    state = loop.resume(cfg, model, opt, tok, rank == 0)[0] if cfg.resume else loop.State()
+    with loop.Clock(cfg, state, rank) as clock:
+        while True:
+            now = clock.tick()
+            if now.evaluate and rank == 0:
+                m = {**run_eval(cfg, model, tok, pairs, "val"),
+                     **(run_eval(cfg, model, tok, pairs, "test") if now.full else {})}
+                if clock.record(m, "val/mean_pair_accuracy"):
+                    loop.save(cfg, "best.pt", model, opt, run_config, state, tok)
+            if now.save:
+                loop.save(cfg, "ckpt.pt", model, opt, run_config, state, tok)
+            if now.stop:
+                break
+            with clock.step():  # this rank's share of batch_size pairs
+                model.train()
+                opt.zero_grad()
+                dropout = seeded("cpu", "dropout", cfg.seed, rank, state.step)
+                torch.manual_seed(dropout.initial_seed())
+                B = cfg.batch_size // world
+                idx = torch.randint(len(chosen), (B,), generator=seeded(
+                    "cpu", "batch", cfg.seed, rank, state.step)).tolist()
+                rows = [chosen[i] for i in idx] + [rejected[i] for i in idx]
+                s, logp, mask = scores(model, rows, tok.pad_id, cfg.lik_coef)  # (2B,), (2B, T-1) x2
+                bt, bt_stats = bt_loss(s[:B], s[B:])  # this rank's mean; / world: the batch's
+                nll, _ = nll_loss(logp[:B], mask[:B], all_reduce(mask[:B].sum()).item())
+                loss = bt / world + cfg.lm_coef * nll  # the NLL over every rank's right answers
+                loss.backward()
+                stats, _ = loop.supervised_update(cfg, model, opt, state, {
+                    "train/loss": loss.detach(),
+                    "train/pair_accuracy": bt_stats["pair_accuracy"] / world,
+                    "train/margin": bt_stats["margin"] / world, "train/nll": nll.detach()},
+                    mask.numel())
+            if state.step % cfg.log_interval == 0 or state.step == 1:
+                clock.log(stats, " ".join(f"{k[6:]} {v:.4g}" for k, v in stats.items()))
+    return state.last_eval
+
+
+def run_eval(cfg, model, tok, pairs, split):
+    """test: the pair accuracy of each kind and of the policy's own; val: the mean of both."""
+    def acc(name):
+        return pair_accuracy(model, pairs[name], tok.pad_id, cfg.lik_coef)
+    if split == "test":
+        return {**{f"eval/pair_accuracy{k}": v for k, v in acc("test").items()},
+                "eval/policy_pair_accuracy": acc("test_policy")[""]}
+    m = {"val/pair_accuracy": acc("val")[""]}
+    if pairs["val_policy"][0]:  # none if the policy never erred on val
+        m["val/policy_pair_accuracy"] = acc("val_policy")[""]
+    return {**m, "val/mean_pair_accuracy": sum(m.values()) / len(m)}
 
 
 if __name__ == "__main__":

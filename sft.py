@@ -8,6 +8,7 @@ The loop, its settings (lr, evals, checkpoints, --resume): nanorl/loop.py.
     python sft.py --task=path/to/folder --reverse=false --verifier=text   # docs/guides.md
     python sft.py configs/gpt2_mul.py --init_from=gpt2      # GPT-2 BPE and OpenAI's weights
 """
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
@@ -19,7 +20,8 @@ from model import GPT, GPTConfig, seeded
 from nanorl.config import UserError, run_cli
 from nanorl.ddp import all_reduce, bf16_default
 from nanorl.evaluate import Task, evaluate, task_splits, verifier_of
-from nanorl.loop import TrainConfig, start, train
+from nanorl import loop
+from nanorl.loop import TrainConfig, start
 from nanorl.rows import encode_prompts, pack
 from tokenizer import get_tokenizer
 
@@ -45,6 +47,8 @@ class Config(TrainConfig):
     eval_samples: int = 8  # samples per test problem for pass@1 / pass@8 (fewer: pass@n; 0: none)
     eval_temperature: float = 1.0  # the RL sampling temperature
     max_new_tokens: int = 8
+    val_interval: int = 50  # with target_val_accuracy: a val eval this often
+    target_val_accuracy: Optional[float] = None  # stop once best.pt's val accuracy reaches this
 
 
 def accumulate_grads(model, x, y, mask, micro_batch_size, bf16=False, n_tok=None):
@@ -97,7 +101,8 @@ def load_task(cfg):
     task = Task(tok, cfg.task, cfg.reverse, cfg.verifier or "exact", cfg.n_train,
                 labelled(data["train"], cfg.n_train), data["val"], data["test"], env=env,
                 rg=cfg.rg, scorer=scorer)  # rl.py's sft row reads n_train too
-    prompt = max(map(len, encode_prompts(tok, [p for s in data.values() for p, _ in s], cfg.reverse)))
+    prompts = [p for split in data.values() for p, _ in split]
+    prompt = max(map(len, encode_prompts(tok, prompts, cfg.reverse)))
     answer = max(len(r) for _, r, *_ in task.gold_rows(task.train))
     if answer > cfg.max_new_tokens:
         raise UserError(f"max_new_tokens={cfg.max_new_tokens} cuts {cfg.task}'s longest answer "
@@ -134,36 +139,76 @@ def main(cfg):
     if cfg.n_embd % cfg.n_head:
         raise UserError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
     task, sizes = load_task(cfg)
-    tok = task.tok
-    x, y, mask = (t.to(dev) for t in encode_split(task, task.train, cfg.loss_on))  # (N, T) each
-    model = build_model(cfg, tok).to(dev)
-    fwd = torch.compile(model) if cfg.compile else model
+    data = [t.to(dev) for t in encode_split(task, task.train, cfg.loss_on)]  # (N, T) x, y, mask
+    model = build_model(cfg, task.tok).to(dev)
     bf16 = cfg.bf16 if cfg.bf16 is not None else bf16_default(dev)
     if rank == 0:
         print(f"{cfg.task}: {' / '.join(f'{v} {k}' for k, v in sizes.items())} problems; "
               f"{sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters on {dev}, "
               f"bf16 autocast {bf16}, compile {cfg.compile}, {world} rank(s)", flush=True)
-
-    def train_step(gen):  # this rank's batch_size / world rows
-        idx = torch.randint(len(x), (cfg.batch_size // world,), generator=gen).to(dev)
-        n_tok = all_reduce(mask[idx].sum()).item()  # every rank's target tokens
-        micro = cfg.micro_batch_size or cfg.batch_size
-        loss = accumulate_grads(fwd, x[idx], y[idx], mask[idx], micro, bf16, n_tok)
-        return {"train/loss": loss}, idx.numel() * x.size(1)
-
-    def run_eval(split, step):  # greedy accuracy; on test also pass@k of eval_samples samples
-        model.eval()
-        test = split == "test"
-        m, examples = evaluate(model, task, split, cfg.max_new_tokens,
-                               n_samples=cfg.eval_samples if test else 0,
-                               temperature=cfg.eval_temperature,
-                               generator=seeded(dev, "eval", cfg.seed, step),
-                               prefix="eval" if test else "val")
-        return {**m, "eval/examples": examples} if test else m
-
-    train(cfg, model, tok, {**asdict(cfg), **task.settings()}, train_step, run_eval, rank,
-          "val/accuracy")
+    train(cfg, model, task, data, bf16, dev, rank, world)
     return model
+
+
+def train(cfg, model, task, data, bf16, dev, rank, world):
+    """The loop: batch_size rows a step (this rank's share); val accuracy on rank 0 (every
+    val_interval with a target), test too at each full eval; best.pt on the best val accuracy;
+    stop at max_iters, max_seconds, a signal, or once val reaches target_val_accuracy."""
+    (x, y, mask), target = data, cfg.target_val_accuracy
+    compiled = torch.compile(model) if cfg.compile else model  # checkpoints hold the plain model
+    opt = loop.adamw(model, cfg.lr, cfg.weight_decay)
+    state = loop.resume(cfg, model, opt, task.tok, rank == 0)[0] if cfg.resume else loop.State()
+    run_config, window = {**asdict(cfg), **task.settings()}, [0, 0.0]  # tokens, s since a log
+    with loop.Clock(cfg, state, rank) as clock:
+        while True:
+            now = clock.tick(val=target is not None and state.step % cfg.val_interval == 0)
+            reached = False
+            if now.evaluate and rank == 0:  # val; test too at a full eval or the target
+                m = run_eval(cfg, model, task, "val", dev, state.step)
+                reached = target is not None and m["val/accuracy"] >= target
+                if now.full or reached:
+                    m.update(run_eval(cfg, model, task, "test", dev, state.step))
+                if clock.record(m, "val/accuracy"):
+                    loop.save(cfg, "best.pt", model, opt, run_config, state, task.tok)
+            if now.save:
+                loop.save(cfg, "ckpt.pt", model, opt, run_config, state, task.tok)
+            if now.stop or bool(all_reduce(reached, "max")):
+                break
+            with clock.step():  # this rank's share of batch_size rows
+                t = time.time()
+                model.train()
+                opt.zero_grad()
+                dropout = seeded("cpu", "dropout", cfg.seed, rank, state.step)
+                torch.manual_seed(dropout.initial_seed())
+                gen = seeded("cpu", "batch", cfg.seed, rank, state.step)
+                idx = torch.randint(len(x), (cfg.batch_size // world,), generator=gen).to(dev)
+                n_tok = all_reduce(mask[idx].sum()).item()  # every rank's target tokens
+                loss = accumulate_grads(compiled, x[idx], y[idx], mask[idx],
+                                        cfg.micro_batch_size or cfg.batch_size, bf16, n_tok)
+                stats, tokens = loop.supervised_update(cfg, model, opt, state, {"train/loss": loss},
+                                                       idx.numel() * x.size(1))
+            window[:] = window[0] + tokens, window[1] + time.time() - t
+            if state.step % cfg.log_interval == 0 or state.step == 1:
+                clock.log({**stats, "perf/elapsed_s": time.time() - clock.t0,
+                           "perf/tok_s": window[0] / window[1]},
+                          " ".join(f"{k[6:]} {v:.4g}" for k, v in stats.items()))
+                window[:] = 0, 0.0
+    if rank == 0:
+        print(f"done in {loop.fmt_time(time.time() - clock.t0)}; best val/accuracy "
+              f"{state.best_val:.4f}", flush=True)
+    return state.last_eval
+
+
+def run_eval(cfg, model, task, split, dev, step):
+    """Greedy accuracy on a split; on test also pass@k of eval_samples samples."""
+    model.eval()
+    test = split == "test"
+    m, examples = evaluate(model, task, split, cfg.max_new_tokens,
+                           n_samples=cfg.eval_samples if test else 0,
+                           temperature=cfg.eval_temperature,
+                           generator=seeded(dev, "eval", cfg.seed, step),
+                           prefix="eval" if test else "val")
+    return {**m, "eval/examples": examples} if test else m
 
 
 if __name__ == "__main__":

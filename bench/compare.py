@@ -106,14 +106,16 @@ def run(cfg, loss, seed, steps, extra):
 
 
 def numbers(r, pk):
-    """A finished run's numbers for ROW, as FORMATS orders them; None where not logged."""
+    """A finished run's numbers for ROW, as FORMATS orders them; None where not logged (the KL,
+    lengths and pass@k come from eval_samples samples)."""
     e = r["evals"][-1]
     before, after = r["evals"][0]["eval/accuracy"], e["eval/accuracy"]
     clip = [[x[k] for x in r["rows"] if k in x] for k in ("rl/clipfrac_low", "rl/clipfrac_high")]
     clip = [100 * mean(c) if c else None for c in clip]  # (low, high), % of tokens
+    cut = 100 * e["eval/truncated_frac"] if "eval/truncated_frac" in e else None  # eval_samples 0
     return [e["step"], before, after, 100 * (after - before), e.get("eval/pass@1"),
-            e.get("eval/" + pk), e["eval/kl"], e["eval/resp_len"], 100 * e["eval/truncated_frac"],
-            *clip, e["perf/train_s"], r["wall_s"]]
+            e.get("eval/" + pk), e.get("eval/kl"), e.get("eval/resp_len"), cut, *clip,
+            e["perf/train_s"], r["wall_s"]]
 
 
 def mean_std(xs, fmt):

@@ -89,7 +89,7 @@ def directions(model, ref, batch, specs, cfg, G):
     lp, values, _ = rl.forward(model, batch, rc, L.ALGOS["ppo"])  # (N, L) each, with grad; PPO's V
     ref_logp = None
     if any(s[2].get("beta") for s in specs):  # theta = ref: the policy's own log-probs, no forward
-        ref_logp = lp.detach() if ref is model else logprobs(ref, batch.ids, batch.offsets, mask, T, rows=256)[0]
+        ref_logp = lp.detach() if ref is model else logprobs(ref, batch.ids, batch.offsets, mask, T, max_rows=256)[0]
     old_values = torch.where(mask.bool(), values.detach(), 0.0)  # (N, L) PPO's V_old
     out, reward = {}, {}
     for name, loss, hp, _ in specs:

@@ -85,7 +85,7 @@ def write(path, lines):
 
 
 def env_of(task):
-    """The environment a task names (an `envs/` module: TASKS' env, or the task env:NAME), or None."""
+    """The environment a task names (an envs/ module: its TASKS env, or env:NAME), or None."""
     name = TASKS[task].get("env") if task in TASKS else task.removeprefix("env:")
     name = name if task in TASKS or task.startswith("env:") else None
     if not name:
@@ -102,8 +102,8 @@ def ensure_data(task, data_dir=DATA_DIR, seed=DATA_SEED):
         missing = [f"{s}.jsonl" for s in SPLITS if not any((Path(task) / f"{s}.{x}").is_file()
                                                            for x in ("jsonl", "txt"))]
         if missing:
-            raise DataError(f"unknown task {task!r}; valid: {sorted(TASKS)}, env:NAME, rg:NAME or a "
-                            f"folder of train, val, test .jsonl or .txt ({task} lacks "
+            raise DataError(f"unknown task {task!r}; valid: {sorted(TASKS)}, env:NAME, rg:NAME or "
+                            f"a folder of train, val, test .jsonl or .txt ({task} lacks "
                             f"{', '.join(missing)})")
         return Path(task)
     root = Path(data_dir) / task

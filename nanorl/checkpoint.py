@@ -6,7 +6,6 @@ from dataclasses import asdict, replace
 import torch
 
 import tokenizer as tokenizers
-from nanorl.logger import truncate_metrics
 from model import GPT, GPTConfig
 
 
@@ -56,16 +55,6 @@ def load_checkpoint(path, hint="train one with: python sft.py configs/mul.py"):
         raise CheckpointError(f"{path}: not a nanorl checkpoint (missing {', '.join(missing)})")
     return ckpt
 
-
-
-def restore(path, ckpt, model, optimizer, master):
-    """Resume from ckpt (loaded from path and checked by the caller): its weights and optimizer
-    state; rank 0 drops the metrics.jsonl rows logged after its step, so that none repeats."""
-    model.load_state_dict(ckpt["model"])
-    optimizer.load_state_dict(ckpt["optimizer"])
-    if master:
-        truncate_metrics(os.path.join(os.path.dirname(path), "metrics.jsonl"), ckpt["step"])
-        print(f"resumed from {path} at step {ckpt['step']}", flush=True)
 
 
 def ckpt_settings(ckpt, path, *keys):

@@ -20,10 +20,10 @@ def first_wrong_token(response_ids: list[int], gold_ids: list[int]) -> int | Non
     return None if len(response_ids) == len(gold_ids) else max(n - 1, 0)
 
 
-def first_wrong(b, gold, G):
+def first_wrong(batch, gold, G):
     """(N,) each row of rollout b's first wrong token against its group's gold ids, -1 if none."""
-    wrong = [first_wrong_token(ids, gold[r // G]) for r, ids in enumerate(responses(b))]
-    return torch.tensor([-1 if w is None else w for w in wrong], device=b.ids.device)
+    wrong = [first_wrong_token(ids, gold[r // G]) for r, ids in enumerate(responses(batch))]
+    return torch.tensor([-1 if w is None else w for w in wrong], device=batch.ids.device)
 
 
 def cliff_advantages(rewards, first_wrong, mask, lam=0.0):

@@ -1,9 +1,12 @@
 """Typed config: a script's @dataclass, then config files (plain Python assignments), then
 --key=value overrides, e.g. load_config(Config, ["configs/mul.py", "--lr=3e-4", "--wandb=true"])."""
 import ast
+import dataclasses
 import difflib
+import inspect
 import json
 import os
+import re
 import runpy
 import sys
 import typing
@@ -23,7 +26,10 @@ class UserError(Exception):
 
 
 def run_cli(main, Config):
-    """Run main(config from sys.argv); bad input, or a dead rank under torchrun, is one line."""
+    """Run main(config from sys.argv) (--help: every flag); bad input, or a dead rank under
+    torchrun, is one line."""
+    if {"-h", "--help"} & set(sys.argv[1:]):
+        return print(usage(Config))
     try:
         return main(load_config(Config, sys.argv[1:]))
     except (UserError, DataError, CheckpointError, TokenizerError) as e:
@@ -90,14 +96,48 @@ def load_config(Config, argv):
     return Config(**values)
 
 
+def usage(Config):
+    """Every flag of Config, its default and its comment, under the class that declares it."""
+    out = ["config files, then --key=value; the flags, by the file that declares them:"]
+    for cls in reversed(Config.__mro__):
+        declared = vars(cls).get("__annotations__", {})
+        own = [f for f in dataclasses.fields(cls) if f.name in declared] \
+            if dataclasses.is_dataclass(cls) else []
+        if own:
+            comments = vars(cls).get("help") or source_comments(cls)
+            out.append(f"{os.path.relpath(inspect.getfile(cls))} {cls.__name__}:")
+            defaults = [f.default_factory() if callable(f.default_factory) else f.default
+                        for f in own]
+            out += [f"  --{f.name}={d}" + (f"  # {c}" if (c := comments.get(f.name)) else "")
+                    for f, d in zip(own, defaults)]
+    return "\n".join(out)
+
+
+def source_comments(cls):
+    """{field: its end-of-line comment, and the comment lines under it} of a class's source."""
+    out, name = {}, None
+    for line in inspect.getsource(cls).splitlines()[1:]:
+        field, more = re.match(r"\s*(\w+)\s*:[^#]*(?:#\s*(.*))?$", line), \
+            re.match(r"\s*#\s*(.*)$", line)
+        if field:
+            name, out[field[1]] = field[1], field[2] or ""
+        elif more and name:
+            out[name] += " " + more[1]
+        else:
+            name = None
+    return out
+
+
 def print_config(cfg):
     print("config: " + " ".join(f"{k}={v}" for k, v in asdict(cfg).items()), flush=True)
 
 
 def check_bounds(cfg, *rules):
-    """rules: (space-separated keys, the bound in words, a test of one value). The first key whose
-    value fails its test stops the run with one line: "{key} must be {bound}, got {value}"."""
-    for keys, bound, ok in rules:
-        for k in keys.split():
-            if not ok(getattr(cfg, k)):
-                raise UserError(f"{k} must be {bound}, got {getattr(cfg, k)}")
+    """rules: "key key ... > 0" (or >=). The first key whose value (None passes) breaks its rule
+    stops the run with one line: "{key} must be > 0, got {value}"."""
+    for rule in rules:
+        *keys, op, bound = rule.split()
+        for k in keys:
+            v = getattr(cfg, k)
+            if v is not None and not (v > float(bound) if op == ">" else v >= float(bound)):
+                raise UserError(f"{k} must be {op} {bound}, got {v}")

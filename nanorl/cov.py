@@ -1,9 +1,9 @@
 """Clip-Cov and KL-Cov's token selection (Cui et al. 2025, arXiv 2505.22617; verl), opened by
-the rows that need "tokens": a few tokens whose advantage and log-prob covary most are singled
+the rows with a `select` column: a few tokens whose advantage and log-prob covary most are singled
 out over each minibatch, from the current policy's log-probs."""
 import torch
 
-import losses as L
+import losses
 from model import logprobs
 
 
@@ -15,13 +15,13 @@ def cov_select(logp, old_logp, adv, mask, generator=None, *, kind, **hp):
     cov_lb < cov < cov_ub; kl_cov: the top n by cov."""
     m = mask.bool()
     logp, adv = torch.where(m, logp, 0.0), (adv[:, None] if adv.dim() == 1 else adv).expand(m.shape)
-    cov = (adv - L.masked_mean(adv, m)) * (logp - L.masked_mean(logp, m))  # (B, T)
+    cov = (adv - losses.masked_mean(adv, m)) * (logp - losses.masked_mean(logp, m))  # (B, T)
     n = max(int(hp["cov_ratio"] * int(m.sum())), 1)
     if kind == "kl_cov":
         top = torch.where(m, cov, -torch.inf).flatten().topk(min(n, int(m.sum()))).indices
     else:
         ratio = torch.exp(logp - torch.where(m, old_logp, 0.0))  # (B, T)
-        _, low, high = L.clip_objective(ratio, adv, hp["eps_low"], hp["eps_high"])
+        _, low, high = losses.clip_objective(ratio, adv, hp["eps_low"], hp["eps_high"])
         ok = m & ~low & ~high & (cov > hp["cov_lb"]) & (cov < hp["cov_ub"])  # (B, T)
         ok = ok.flatten().nonzero()[:, 0]
         top = ok[torch.randperm(len(ok), generator=generator, device=ok.device)[:n]]
@@ -29,12 +29,13 @@ def cov_select(logp, old_logp, adv, mask, generator=None, *, kind, **hp):
     return sel.index_fill_(0, top, True).view(m.shape)
 
 
-def select(model, b, mb, adv, hp, cfg, rows, gen, moved):
-    """Minibatch mb's tokens (len(mb), L), from the current policy's log-probs: at a rollout's
-    first optimizer step theta = theta_old (pi_old serves), after it a no-grad forward."""
-    old = now = b.old[mb]  # (len(mb), L)
+def select(model, batch, mb, adv, hp, cfg, kind, max_rows, gen, moved):
+    """Minibatch mb's tokens (len(mb), L) of the row's kind, from the current policy's
+    log-probs: at a rollout's first optimizer step theta = theta_old (pi_old serves), after it
+    a no-grad forward."""
+    old = now = batch.old[mb]  # (len(mb), L)
     if moved:
         with torch.no_grad():
-            now = logprobs(model, b.ids[mb], b.offsets[mb], b.mask[mb], cfg.temperature,
-                           rows=rows)[0]
-    return cov_select(now, old, adv[mb], b.mask[mb], gen, kind=cfg.loss, **hp)
+            now = logprobs(model, batch.ids[mb], batch.offsets[mb], batch.mask[mb],
+                           cfg.temperature, max_rows=max_rows)[0]
+    return cov_select(now, old, adv[mb], batch.mask[mb], gen, kind=kind, **hp)

@@ -20,7 +20,7 @@ class Flags:  # rl.py's flag of distillation
     teacher_ckpt: str = ""  # the checkpoint to distil (a nanorl one, the same tokenizer)
 
 
-def check(cfg, row):
+def check(cfg, algo):
     if not cfg.teacher_ckpt:  # other rows ignore it, as they do rm_ckpt
         raise UserError(f"{cfg.loss} distils a teacher: set --teacher_ckpt (a nanorl checkpoint "
                         "with the policy's tokenizer)")
@@ -36,18 +36,18 @@ def load(path, tok, dev):
 
 
 @torch.no_grad()
-def teacher(model, b, cfg, row):
+def teacher(model, batch, cfg, algo):
     """The teacher's tempered log-probs of the sampled tokens (N, L) and, when the row needs
     them, its tempered logits (N, L, V); (None, None) without a teacher."""
     if model is None:
         return None, None
-    lp, _, logits = logprobs(model, b.ids, b.offsets, b.mask, cfg.temperature,
-                             logits="teacher_logits" in row.needs, rows=cfg.micro_batch_size)
+    lp, _, logits = logprobs(model, batch.ids, batch.offsets, batch.mask, cfg.temperature,
+                             logits="teacher_logits" in algo.needs, max_rows=cfg.micro_batch_size)
     return lp, logits
 
 
-def advantages(b, teacher_lp, bound=10.0):
+def advantages(batch, teacher_lp, bound=10.0):
     """(N, L) A_t = -clamp(log pi_old_t - log pi_T_t, +-bound), 0 off the mask. From pi_old,
     not mu: under staleness an advantage from mu would add grad KL(pi || mu), a push away from
     the sampler; pi_old is what the trainer recomputes (offpolicy.py), mu itself otherwise."""
-    return torch.where(b.mask.bool(), -(b.old - teacher_lp).clamp(-bound, bound), 0.0)
+    return torch.where(batch.mask.bool(), -(batch.old - teacher_lp).clamp(-bound, bound), 0.0)

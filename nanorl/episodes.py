@@ -22,8 +22,10 @@ from data.tasks import DataError, format_prompt
 from nanorl.config import UserError
 
 
-def check_args(env, args):
-    """A one-line error for an argument the environment's Env does not take."""
+def check_args(task, env, args):
+    """A one-line error for --env_args a task's environment (None: none) does not take."""
+    if env is None:
+        raise UserError(f"--env_args: task {task!r} has no environment")
     valid = [p for p in inspect.signature(env.Env).parameters if p != "answer"]
     bad = [k for k in args if k not in valid]
     if bad:
@@ -70,16 +72,16 @@ def replay(env, answer, turns, final, tok, reverse):
     answer and EOS unless the environment ended the episode (EOS forced, action 0)."""
     episode, ids, mask = env.Env(answer), [], []
     for k, turn in enumerate(turns, 1):
-        mine = tok.encode(format_prompt(turn + env.Env.turn_end, reverse))
+        policy_ids = tok.encode(format_prompt(turn + env.Env.turn_end, reverse))
         obs, _, done = episode.step(turn)
         obs = tok.encode(format_prompt(obs, reverse))[:env.Env.max_obs]
-        ids, mask = ids + mine + obs, mask + [1] * len(mine) + [0] * len(obs)
+        ids, mask = ids + policy_ids + obs, mask + [1] * len(policy_ids) + [0] * len(obs)
         if done or k >= env.Env.max_turns:
             return ids + [tok.eos_id], mask + [0]
     if final is None:
         raise DataError(f"{env.__name__}: a demonstration ended before its episode did")
-    mine = tok.encode(format_prompt(final, reverse)) + [tok.eos_id]
-    return ids + mine, mask + [1] * len(mine)
+    policy_ids = tok.encode(format_prompt(final, reverse)) + [tok.eos_id]
+    return ids + policy_ids, mask + [1] * len(policy_ids)
 
 
 def demo_rows(env, problems, tok, reverse, seed=0):

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-import losses as L
+import losses
 from data.tasks import env_of, format_prompt, load_split, parse_answer
 from model import generate, logprobs
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
@@ -33,6 +33,7 @@ class Task:
     env_args: dict = field(default_factory=dict)  # its Env's arguments (--env_args)
     rg: dict = field(default_factory=dict)  # an rg: task's generator config (nanorl/rg.py)
     scorer: object = None  # an rg: task's score(question, answer)
+    max_new_tokens: int = 8  # SFT's: its answers (an environment's episodes) fit it
 
     @classmethod
     def of(cls, ckpt, path, tok, env_args=None):
@@ -40,11 +41,10 @@ class Task:
         name, reverse, vname = ckpt_settings(ckpt, path, "task", "reverse", "verifier")
         verifier_of(vname)
         task = cls(tok, name, reverse, vname, ckpt["config"].get("n_train", 0), env=env_of(name),
-                   env_args=env_args or {}, rg=ckpt["config"].get("rg") or {})
-        if task.env_args and not task.env:
-            raise UserError(f"--env_args: task {name!r} has no environment")
-        if task.env:
-            check_args(task.env, task.env_args)
+                   env_args=env_args or {}, rg=ckpt["config"].get("rg") or {},
+                   max_new_tokens=ckpt["config"].get("max_new_tokens", 8))
+        if task.env or task.env_args:
+            check_args(name, task.env, task.env_args)
         splits, task.scorer = task_splits(name, task.rg, getattr(tok, "chars", None))
         task.train, task.val, task.test = splits.values()
         return task
@@ -82,7 +82,7 @@ class Task:
         return {"task": self.name, "reverse": self.reverse, "verifier": self.verifier_name,
                 "n_train": self.n_train, "rg": self.rg}
 
-    def check(self, row, max_new_tokens, block_size):
+    def check(self, algo, max_new_tokens, block_size):
         """Every prompt and max_new_tokens fit the model. CLIFF's first wrong token compares
         with the gold tokens: only the exact verifier with the char tokenizer and no environment
         fits it."""
@@ -90,7 +90,7 @@ class Task:
         if longest + max_new_tokens > block_size:
             raise UserError(f"max_new_tokens={max_new_tokens} does not fit block_size={block_size}")
         exact = self.verifier_name == "exact" and isinstance(self.tok, CharTokenizer)
-        if row.advantage == "first_wrong" and (not exact or self.env):
+        if algo.advantage == "first_wrong" and (not exact or self.env):
             raise UserError(f"cliff finds the first wrong token against the gold answer's "
                             f"tokens, which only the exact verifier with the char tokenizer "
                             f"and no environment makes unique; this checkpoint has verifier "
@@ -128,39 +128,55 @@ def pass_k_name(n_samples, k=8):
 
 @torch.no_grad()
 def evaluate(model, task, split, max_new_tokens, n_samples=0, temperature=1.0, k=8, batch_size=256,
-             generator=None, prefix="eval", n_show=3):
-    """Greedy accuracy (a score of 1) on a split of task; with n_samples > 0 also pass@1 and
-    pass@k (n_samples per problem at `temperature`; pass@n_samples when fewer than k), batch_size
-    rows per sampler call at most; with an environment, its greedy episodes' turns. Returns
-    (metrics, a few examples)."""
+             generator=None, prefix="eval", n_show=3, ref=None):
+    """Greedy accuracy (a score of 1) on a split of task, with an environment its episodes'
+    turns; with n_samples > 0 also pass@1 and pass@k (n_samples per problem at `temperature`;
+    pass@n_samples when fewer than k) and, given ref, those samples' KL to it (sample_kl).
+    batch_size rows per sampler call at most. Returns (metrics, a few examples)."""
     tok, problems = task.tok, getattr(task, split)
     n, prompts = len(problems), encode_prompts(tok, [p for p, _ in problems], task.reverse)
-    episodes = []  # the greedy ones, with their rows
 
-    def sample(G, temp):  # [(score, completion)] of G samples per problem, problem-major
-        scored, step = [], max(1, batch_size // G)  # prompts per call: at most batch_size rows
+    def sample(G, temp):  # -> ([(score, completion)] problem-major, [(episodes, generate's)])
+        scored, outs, step = [], [], max(1, batch_size // G)  # prompts per call
         for i in range(0, n, step):
             env = task.episodes(problems[i:i + step], G)
             out = generate(model, prompts[i:i + step], max_new_tokens, tok.eos_id, tok.pad_id, G=G,
                            temperature=temp, generator=generator, env=env)
             scored += score_samples(task, out, [p for p in problems[i:i + step]
                                                 for _ in range(G)], env)
-            episodes.extend([(env, out)] if env and temp == 0 else [])
-        return scored
+            outs.append((env, out))
+        return scored, outs
 
-    greedy = sample(1, 0)
+    greedy, outs = sample(1, 0)
     metrics = {f"{prefix}/accuracy": sum(r == 1 for r, _ in greedy) / n, f"{prefix}/n": n,
                f"{prefix}/mean_score": sum(r for r, _ in greedy) / n,
-               **(env_metrics(episodes, prefix) if task.env else {})}
+               **(env_metrics(outs, prefix) if task.env else {})}
     examples = [{"prompt": p, "completion": text, "reward": r}
                 for (p, _), (r, text) in zip(problems[:n_show], greedy)]
     if n_samples > 0:
-        scored = sample(n_samples, temperature)
+        scored, outs = sample(n_samples, temperature)
         right = torch.tensor([r == 1 for r, _ in scored]).view(n, n_samples).sum(1).tolist()
         for kk in (1, k):
             metrics[f"{prefix}/{pass_k_name(n_samples, kk)}"] = \
                 sum(pass_at_k(n_samples, int(c), min(kk, n_samples)) for c in right) / n
+        if ref is not None:
+            outs = [out for _, out in outs]
+            metrics.update(sample_kl(ref, outs, temperature, tok.eos_id, prefix))
     return metrics, examples
+
+
+def sample_kl(ref, outs, temperature, eos_id, prefix="eval"):
+    """generate's results -> the KL to ref (k3, a mean over the policy's tokens), the mean
+    response length (the policy's tokens, EOS included) and the share cut at max_new_tokens."""
+    kl, n_act, finished = 0.0, 0, []
+    for out in outs:
+        mask = out["action_mask"][:, out["prompt_len"]:]  # (n, L)
+        ref_lp = logprobs(ref, out["ids"], out["offsets"], mask, temperature)[0]
+        kl += losses.masked_sum(losses.kl_estimate(out["logps"], ref_lp, "k3"), mask).item()
+        n_act += mask.sum().item()
+        finished += [r[-1:] == [eos_id] for r in responses(out)]
+    return {f"{prefix}/kl": kl / max(1, n_act), f"{prefix}/resp_len": n_act / len(finished),
+            f"{prefix}/truncated_frac": 1 - sum(finished) / len(finished)}
 
 
 def score_samples(task, out, problems, episodes=None):
@@ -206,64 +222,44 @@ def verifier_of(name):
     return VERIFIERS[name]
 
 
-@torch.no_grad()
-def eval_kl(model, ref, task, cfg, gen, n=256):
-    """KL(policy || ref) (k3, mean over the policy's tokens) on 4 fresh samples for n test
-    prompts; on those samples the mean response length (the policy's tokens, EOS included)
-    and the truncated share."""
-    tok, problems = task.tok, task.test
-    idx = torch.randperm(len(problems), generator=gen, device=gen.device)[:n].tolist()
-    prompts = encode_prompts(tok, [problems[i][0] for i in idx], task.reverse)
-    k, kl, n_act, finished = max(1, cfg.sample_batch_size // 4), 0.0, 0, []
-    for i in range(0, len(prompts), k):  # k prompts x 4 samples at a time: memory
-        env = task.episodes([problems[j] for j in idx[i:i + k]], 4)
-        out = generate(model, prompts[i:i + k], cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=4,
-                       temperature=cfg.temperature, generator=gen, env=env)
-        mask = out["action_mask"][:, out["prompt_len"]:]  # (n, L)
-        ref_lp = logprobs(ref, out["ids"], out["offsets"], mask, cfg.temperature)[0]
-        kl += L.masked_sum(L.kl_estimate(out["logps"], ref_lp, "k3"), mask).item()
-        n_act += mask.sum().item()
-        finished += [r[-1:] == [tok.eos_id] for r in responses(out)]
-    return {"eval/kl": kl / max(1, n_act), "eval/resp_len": n_act / len(finished),
-            "eval/truncated_frac": 1 - sum(finished) / len(finished)}
-
-
 def evaluate_policy(model, ref, task, cfg, gen):
-    """Greedy accuracy on test and val, pass@1 / pass@k on eval_samples samples, KL to the
-    reference -> (metrics, a few examples)."""
+    """Greedy accuracy on test and val; on eval_samples samples of each test problem pass@1,
+    pass@k and the KL to the reference -> (metrics, a few examples)."""
     kw = dict(batch_size=cfg.sample_batch_size, generator=gen)
     m, examples = evaluate(model, task, "test", cfg.max_new_tokens, n_samples=cfg.eval_samples,
-                           temperature=cfg.temperature, **kw)
-    m.update(evaluate(model, task, "val", cfg.max_new_tokens, prefix="val", **kw)[0])
-    return {**m, **eval_kl(model, ref, task, cfg, gen)}, examples
+                           temperature=cfg.temperature, ref=ref, **kw)
+    val = evaluate(model, task, "val", cfg.max_new_tokens, prefix="val", **kw)[0]
+    return {**m, **val}, examples
 
 
 def explained_variance(values, returns, mask):
     """1 - Var(returns - values) / Var(returns) over the masked tokens: 1 = exact."""
-    return 1 - L.masked_var(returns - values, mask) / L.masked_var(returns, mask).clamp_min(1e-8)
+    unexplained = losses.masked_var(returns - values, mask)
+    return 1 - unexplained / losses.masked_var(returns, mask).clamp_min(1e-8)
 
 
-def rollout_metrics(b, ref_lp=None, returns=None, beta=None):
+def rollout_metrics(batch, ref_lp=None, returns=None, beta=None):
     """A rollout's rl/ diagnostics: reward, accuracy, lengths (the policy's tokens), episodes;
     the KL to the reference when it ran; PPO's value fit (returns given); the RM's score."""
-    m = b.mask
-    out = {"rl/reward_mean": b.reward.mean().item(),
-           "rl/accuracy": (b.correct == 1).float().mean().item(),
+    m = batch.mask
+    out = {"rl/reward_mean": batch.reward.mean().item(),
+           "rl/accuracy": (batch.correct == 1).float().mean().item(),
            "rl/resp_len": m.sum(1).float().mean().item(),
-           "rl/empty_frac": (b.length <= 1).float().mean().item(),
-           "rl/truncated_frac": 1 - b.finished.float().mean().item()}
+           "rl/empty_frac": (batch.length <= 1).float().mean().item(),
+           "rl/truncated_frac": 1 - batch.finished.float().mean().item()}
     if ref_lp is not None:
-        out["rl/kl"] = L.masked_mean(L.kl_estimate(b.old, ref_lp, "k3"), m).item()
+        out["rl/kl"] = losses.masked_mean(losses.kl_estimate(batch.old, ref_lp, "k3"), m).item()
     if returns is not None:
-        k1 = 0.0 if ref_lp is None else L.masked_sum(b.old - ref_lp, m, 1).mean().item()
-        out.update({"rl/explained_variance": explained_variance(b.values, returns, m).item(),
-                    "rl/beta": beta, "rl/values_mean": L.masked_mean(b.values, m).item(),
-                    "rl/returns_mean": L.masked_mean(returns, m).item(), "rl/kl_k1_seq": k1})
-    if b.turns is not None:  # an environment's episodes; their return: no overlong shaping
-        out.update({"rl/turns": b.turns.mean().item(),
-                    "rl/invalid_frac": (b.invalid.sum() / b.turns.sum().clamp_min(1)).item(),
-                    "rl/env_token_frac": 1 - (m.sum() / b.length.sum()).item(),
-                    "rl/episode_return": (b.correct + b.turn_rewards.sum(1)).mean().item()})
-    if b.rm_reward is not None:
-        out["rl/rm_reward"] = b.rm_reward.mean().item()
+        k1 = 0.0 if ref_lp is None else losses.masked_sum(batch.old - ref_lp, m, 1).mean().item()
+        out.update({"rl/explained_variance": explained_variance(batch.values, returns, m).item(),
+                    "rl/beta": beta, "rl/values_mean": losses.masked_mean(batch.values, m).item(),
+                    "rl/returns_mean": losses.masked_mean(returns, m).item(), "rl/kl_k1_seq": k1})
+    if batch.turns is not None:  # an environment's episodes; their return: no overlong shaping
+        out.update({"rl/turns": batch.turns.mean().item(),
+                    "rl/invalid_frac": (batch.invalid.sum() / batch.turns.sum().clamp_min(1))
+                    .item(),
+                    "rl/env_token_frac": 1 - (m.sum() / batch.length.sum()).item(),
+                    "rl/episode_return": (batch.correct + batch.turn_rewards.sum(1)).mean().item()})
+    if batch.rm_reward is not None:
+        out["rl/rm_reward"] = batch.rm_reward.mean().item()
     return out

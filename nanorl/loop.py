@@ -1,13 +1,30 @@
-"""The training-loop bookkeeping sft.py, reward_model.py and rl.py share: the loop's settings,
-lr schedule, the optimizer step (DDP sum, NaN check, clip), eval cadence, best.pt and ckpt.pt,
-metrics and progress lines with an ETA, exact --resume, a clean stop on SIGINT/SIGTERM or at
-max_seconds. rl.py runs its own loop from these pieces; `train` is the supervised one:
-
-    dev, rank, world = start(cfg, positive=("n_layer",), non_negative=("eval_samples",))
-    last_eval = train(cfg, model, tok, conf, train_step, run_eval, rank, "val/accuracy")
 """
+The bookkeeping every training loop shares. sft.py, reward_model.py and rl.py each write their
+own loop, top to bottom, and ask a Clock what to do at the top of each step:
+
+    with Clock(cfg, state, rank) as clock:
+        while True:
+            now = clock.tick()                   # the same answer on every rank
+            if now.evaluate and rank == 0 and clock.record(evaluate(), "val/accuracy"):
+                save("best.pt")                  # the best val metric so far
+            if now.save:
+                save("ckpt.pt")
+            if now.stop:
+                break
+            with clock.step():                   # timed; a NaN or inf stops the run here
+                stats, line = one_step()
+            clock.log(stats, line)
+
+Also here: the loop's settings, the lr schedule, AdamW and the optimizer step (the DDP sum, the
+NaN check, the clip), exact --resume, checkpoints, metrics.jsonl and wandb (Logger), progress
+lines with an ETA, a clean stop on SIGINT / SIGTERM or at max_seconds.
+"""
+import contextlib
+import json
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Optional
@@ -15,27 +32,18 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from model import seeded
-from nanorl.checkpoint import load_checkpoint, restore, save_checkpoint
+from nanorl.checkpoint import load_checkpoint, save_checkpoint
 from nanorl.config import UserError, check_bounds, print_config
 from nanorl.ddp import all_reduce, gather_objects, init_distributed, resolve_device, sync_grads
-from nanorl.logger import Logger, StopFlag, fmt_time, nonfinite
 
 
 @dataclass
-class LoopConfig:  # the loop's settings (rl.py's defaults): each script's Config adds its own
-    out_dir: str = "out/sft-mul"
+class LoopConfig:  # the settings every script's loop has (each script adds its own)
     seed: int = 1337
     device: str = "auto"  # auto = cuda > mps > cpu
     threads: int = 0  # torch threads, 0 = torch's default
-    max_iters: int = 300
     max_seconds: float = 0  # > 0: stop after the step at which training time passes this
-    lr: float = 2e-4  # RL: a fresh optimizer at SFT's lr collapses the policy
-    min_lr: Optional[float] = None  # end of the cosine decay; None = lr (constant after warmup)
-    warmup_iters: int = 10
-    weight_decay: float = 0.0
     grad_clip: float = 1.0  # 0 = off
-    eval_interval: int = 25  # held-out eval this often, at step 0 and at the end
     ckpt_interval: int = 25  # ckpt.pt this often (and at every eval, and on SIGINT/SIGTERM)
     resume: bool = False  # continue exactly (weights, optimizer, state) from out_dir/ckpt.pt
     wandb: bool = False
@@ -46,16 +54,15 @@ class LoopConfig:  # the loop's settings (rl.py's defaults): each script's Confi
 
 @dataclass
 class TrainConfig(LoopConfig):  # the supervised loop's (sft.py, reward_model.py)
+    out_dir: str = "out/sft-mul"
     max_iters: int = 3000
     lr: float = 1e-3
-    min_lr: Optional[float] = 1e-4
+    min_lr: Optional[float] = 1e-4  # end of the cosine decay; None = lr (constant after warmup)
     warmup_iters: int = 100
     weight_decay: float = 0.1
-    eval_interval: int = 250
+    eval_interval: int = 250  # held-out eval this often, at step 0 and at the end
     ckpt_interval: int = 250
     batch_size: int = 256  # rows (or pairs) per optimizer step: the global batch
-    val_interval: int = 50  # with target_val_accuracy: a val eval this often
-    target_val_accuracy: Optional[float] = None  # stop once best.pt's val metric reaches this
     log_interval: int = 50
 
 
@@ -71,10 +78,9 @@ class State:  # what a checkpoint resumes besides weights and optimizer
 def start(cfg, positive=(), non_negative=()):
     """Reject out-of-range values of the loop's keys and of these; seed; print the config
     (rank 0). Returns (device, rank, world): under torchrun each rank takes its share."""
-    check_bounds(cfg, (" ".join(("lr eval_interval ckpt_interval", *positive)), "> 0",
-                       lambda v: v > 0),
-                 (" ".join(("max_iters max_seconds warmup_iters weight_decay grad_clip min_lr",
-                            *non_negative)), ">= 0", lambda v: v is None or v >= 0))
+    check_bounds(cfg, " ".join(("lr eval_interval ckpt_interval", *positive, "> 0")),
+                 " ".join(("max_iters max_seconds warmup_iters weight_decay grad_clip min_lr",
+                           *non_negative, ">= 0")))
     dev = resolve_device(cfg.device)
     rank, world = init_distributed(dev)
     if rank == 0:
@@ -126,9 +132,30 @@ def optimizer_step(model, opt, loss, lr, grad_clip, backward=True):
     return gnorm
 
 
+def supervised_update(cfg, model, opt, state, stats, n_tok):
+    """sft.py's and reward_model.py's step after their backward: this rank's stats (the loss
+    first) and tokens summed over ranks, the optimizer step at this step's lr -> (the stats,
+    with lr and gradient norm, every rank's tokens)."""
+    total = all_reduce([float(v) for v in stats.values()] + [n_tok]).tolist()  # rank sums
+    lr = lr_at(state.step, cfg)
+    gnorm = optimizer_step(model, opt, torch.tensor(total[0]), lr, cfg.grad_clip, backward=False)
+    return {**dict(zip(stats, total)), "train/lr": lr, "train/grad_norm": gnorm.item()}, total[-1]
+
+
+def nonfinite(loss, model):
+    """Name of the first non-finite tensor (the loss, then gradients in parameter order), or ''."""
+    if not torch.isfinite(loss):
+        return f"loss ({loss.item()})"
+    grads = ((n, p.grad) for n, p in model.named_parameters() if p.grad is not None)
+    return next((f"gradient of {n}" for n, g in grads if not torch.isfinite(g).all()), "")
+
+# -------------------------------------------------------------- checkpoints
+
+
 def resume(cfg, model, opt, tok, master, **same):
     """Load out_dir/ckpt.pt's weights and optimizer -> (its State, the checkpoint). It must
-    hold this model and tokenizer, and its config these values (same: {key: value})."""
+    hold this model and tokenizer, and its config these values (same: {key: value}); rank 0
+    drops the metrics.jsonl rows logged after its step, so that none repeats."""
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     ck = load_checkpoint(path, hint="nothing to resume; drop --resume")
     found = {k: ck["config"].get(k) for k in same}
@@ -136,149 +163,184 @@ def resume(cfg, model, opt, tok, master, **same):
             or found != same:
         raise UserError(f"{path}: cannot resume, it is not a run of this model and tokenizer "
                         f"with {same} (it has {found}, model {ck['model_args']})")
-    restore(path, ck, model, opt, master)
+    model.load_state_dict(ck["model"])
+    opt.load_state_dict(ck["optimizer"])
+    if master:
+        truncate_metrics(os.path.join(cfg.out_dir, "metrics.jsonl"), ck["step"])
+        print(f"resumed from {path} at step {ck['step']}", flush=True)
     return State(**{k: ck[k] for k in asdict(State()) if k in ck}), ck
 
 
-def save(cfg, name, model, opt, conf, state, tok, mine=None, **extra):
+def save(cfg, name, model, opt, run_config, state, tok, rank_state=None, **extra):
     """out_dir/name (ckpt.pt or best.pt), written by rank 0: weights, optimizer, config, state,
-    extra, and as "ranks" every rank's own `mine` (ckpt.pt; best.pt holds rank 0's)."""
-    ranks = gather_objects(mine) if name == "ckpt.pt" and mine is not None else [mine]
+    extra, and under "ranks" every rank's own rank_state (ckpt.pt; best.pt holds rank 0's)."""
+    ranks = gather_objects(rank_state) if name == "ckpt.pt" and rank_state else [rank_state]
     if not dist.is_initialized() or dist.get_rank() == 0:
-        save_checkpoint(os.path.join(cfg.out_dir, name), model, opt, conf, state.step, tok,
+        save_checkpoint(os.path.join(cfg.out_dir, name), model, opt, run_config, state.step, tok,
                         **{k: v for k, v in asdict(state).items() if k != "step"},
-                        **({"ranks": ranks} if mine is not None else {}), **extra)
+                        **({"ranks": ranks} if rank_state else {}), **extra)
 
 
-def finish(logger):
-    """Close the metrics (wandb) and, under torchrun, the process group."""
-    logger.finish()
-    if dist.is_initialized():
-        dist.barrier()  # no rank tears gloo down while another is still talking to it
-        dist.destroy_process_group()
+def truncate_metrics(path, step):
+    """On resume, drop the rows logged after the checkpoint's step so that none repeats."""
+    keep = []
+    for line in open(path) if os.path.exists(path) else []:
+        with contextlib.suppress(json.JSONDecodeError):  # a line half-written by a killed run
+            if json.loads(line).get("step", 0) <= step:
+                keep.append(line.rstrip("\n") + "\n")
+    with open(path + ".tmp", "w") as f:
+        f.writelines(keep)
+    os.replace(path + ".tmp", path)
+
+# -------------------------------------------------------------- metrics, the clock
 
 
-def summary(state, metric, pk, seconds, out_dir):
-    """The run's last line: the held-out metric at the start and at the end."""
-    m0, m = state.first_eval, state.last_eval
-    gain = 100 * (m[metric] - m0[metric])
-    line = f"{metric} {m0[metric]:.4f} -> {m[metric]:.4f} ({gain:+.1f} points)"
-    if pk in m0:
-        line += f", {pk} {m0[pk]:.4f} -> {m[pk]:.4f}"
-    print(f"held-out {line} in {fmt_time(seconds)}; checkpoint {out_dir}/ckpt.pt", flush=True)
+class Logger:
+    """metrics.jsonl rows, and wandb's when cfg.wandb (run config: cfg + `resolved`; a failure there
+    warns, never stops). A fresh run moves an old metrics.jsonl to .prev; enabled=False: nothing."""
+
+    def __init__(self, out_dir, cfg, resolved=None, enabled=True):
+        self.path, self.enabled, self.wandb = os.path.join(out_dir, "metrics.jsonl"), enabled, None
+        if enabled:
+            os.makedirs(out_dir, exist_ok=True)
+            if not getattr(cfg, "resume", False) and os.path.exists(self.path):
+                os.replace(self.path, self.path + ".prev")
+        if enabled and cfg.wandb:
+            def start_wandb():
+                import wandb  # only when asked for: slow to import
+                return wandb.init(project=cfg.wandb_project, name=cfg.wandb_run_name or None,
+                                  group=getattr(cfg, "wandb_group", "") or None,
+                                  config={**asdict(cfg), **(resolved or {})}, dir=out_dir)
+            self.wandb = self._wandb(start_wandb)
+
+    def _wandb(self, call, *args, **kwargs):
+        try:
+            return call(*args, **kwargs)
+        except Exception as e:
+            print(f"warning: wandb disabled ({e.__class__.__name__}: {e})", flush=True)
+            self.wandb = None
+
+    def log(self, metrics):
+        if self.enabled:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(metrics) + "\n")
+        if self.wandb is not None:
+            self._wandb(self.wandb.log, metrics, step=metrics["step"])
+
+    def finish(self):
+        if self.wandb is not None:
+            self._wandb(self.wandb.finish)
 
 
-def stopping(cfg, state, stop):
-    """(out of time, signalled), agreed by every rank so that all stop together."""
-    flags = [0 < cfg.max_seconds <= state.train_s, stop.signal is not None]
-    return tuple(bool(x) for x in (all_reduce(flags, "max") > 0).tolist())
+@dataclass
+class Now:  # what the loop does at the top of a step
+    evaluate: bool  # rank 0 evaluates
+    full: bool  # every split (not only val)
+    save: bool  # ckpt.pt
+    stop: bool
 
 
-def progress(cfg, state, line, t_step, elapsed):
-    """The step's line: what it did, its time, and the ETA from the training time so far."""
-    left = state.train_s / max(1, state.step) * (cfg.max_iters - state.step)
-    left = min(left, cfg.max_seconds - state.train_s) if cfg.max_seconds > 0 else left
-    return (f"step {state.step:5d}/{cfg.max_iters} | {line} | {t_step:.2f}s | "
-            f"{fmt_time(elapsed)}, ETA {fmt_time(left)}")
+class Clock:
+    """One run's step counter and schedule: at the top of step s (tick), evaluate at 0, every
+    eval_interval and at the end, save ckpt.pt at each eval, every ckpt_interval and on a signal,
+    stop at max_iters, max_seconds or a signal; a resumed run repeats nothing its checkpoint
+    holds. It keeps the best val metric (record), times the steps (step), logs them with an
+    ETA (log), and on exit puts the signal handlers back, closes wandb and the process group."""
 
+    def __init__(self, cfg, state, rank, resolved=None):
+        self.cfg, self.state, self.rank = cfg, state, rank
+        self.logger = Logger(cfg.out_dir, cfg, resolved, enabled=rank == 0)  # resolved: wandb's
+        self.resumed = state.step if cfg.resume else -1  # that step's eval and save are done
+        self.t0, self.signal, self.signalled = time.time(), None, False
+        self.handlers = {}
+        if threading.current_thread() is threading.main_thread():  # Python's signals go there
+            self.handlers = {s: signal.signal(s, self.handle)
+                             for s in (signal.SIGINT, signal.SIGTERM)}
 
-def log_eval(logger, step, m, t0):
-    """Log and print an eval's metrics (t0: when it began)."""
-    logger.log({"step": step, **m})
-    line = " ".join(f"{k} {v:.4f}" for k, v in m.items() if isinstance(v, float) and "/n" not in k)
-    print(f"step {step:5d} | eval {line} | took {time.time() - t0:.1f}s", flush=True)
+    def handle(self, signum, frame):
+        """SIGINT / SIGTERM: finish the step, save, exit 0; a second one stops at once."""
+        if self.signal is not None:
+            raise KeyboardInterrupt
+        self.signal = signal.Signals(signum).name
+        print(f"\n{self.signal}: saving and exiting after this step (again: stop now)", flush=True)
 
+    def tick(self, val=False):
+        """-> Now at the top of step state.step, agreed by every rank. val: a val-only eval is
+        due as well (sft.py's target)."""
+        cfg, s = self.cfg, self.state.step
+        out_of_time, signalled = (all_reduce([0 < cfg.max_seconds <= self.state.train_s,
+                                              self.signal is not None], "max") > 0).tolist()
+        full = s % cfg.eval_interval == 0 or s >= cfg.max_iters or out_of_time
+        self.signalled, self.t_eval = signalled, time.time()
+        evaluate = s != self.resumed and (full or val)
+        save = signalled or evaluate or s % cfg.ckpt_interval == 0 and s != self.resumed
+        return Now(evaluate, full, save, signalled or s >= cfg.max_iters or out_of_time)
 
-def run(cfg, state, step, evaluate, save, rank, logger, metric):
-    """The loop of every script, until max_iters, max_seconds, the val target or a stop signal.
-    At the top of step s: evaluate(full) (rank 0) at step 0, every eval_interval and at the end
-    (full: test too; with a target, val alone every val_interval) -> (metrics, target reached),
-    logged and kept, best.pt when the val `metric` improves; save(name) ckpt.pt at each eval,
-    every ckpt_interval and on a signal: it holds everything logged up to s, so a resume
-    repeats nothing. step() trains one step -> (its stats to log, its progress line) or None."""
-    stop, t0, done = StopFlag(), time.time(), state.step if cfg.resume else -1
-    target = getattr(cfg, "target_val_accuracy", None)
-    try:
-        while True:
-            out_of_time, signalled = stopping(cfg, state, stop)
-            s, last = state.step, state.step >= cfg.max_iters or out_of_time
-            full = s % cfg.eval_interval == 0 or last
-            evals = s != done and (full or target is not None and s % cfg.val_interval == 0)
-            reached = False
-            if evals and rank == 0:
-                t, (m, reached) = time.time(), evaluate(full)
-                state.last_eval = {k: v for k, v in m.items() if isinstance(v, float)}
-                state.first_eval = state.first_eval or state.last_eval
-                log_eval(logger, s, m, t)
-                if m[metric] > state.best_val:
-                    state.best_val = m[metric]
-                    save("best.pt")
-            reached = bool(all_reduce(reached, "max"))
-            if signalled or evals or s % cfg.ckpt_interval == 0 and s != done:
-                save("ckpt.pt")
-            if signalled and rank == 0:
-                print(f"{stop.signal or 'a stop signal'}: saved {cfg.out_dir}/ckpt.pt at step "
-                      f"{s}; continue with --resume=true", flush=True)
-            if reached or signalled or last:
-                return
-            t = time.time()
-            try:
-                out = step()
-            except FloatingPointError as e:  # nothing stepped: ckpt.pt is the last good one
-                raise UserError(f"step {s + 1}: non-finite {e}; stopped, last good checkpoint "
-                                f"kept at {os.path.join(cfg.out_dir, 'ckpt.pt')}") from None
-            state.step, state.train_s = s + 1, state.train_s + time.time() - t
-            if out is not None:
-                logger.log({"step": s + 1, **out[0], "perf/step_s": time.time() - t})
-                if rank == 0:
-                    print(progress(cfg, state, out[1], time.time() - t, time.time() - t0),
-                          flush=True)
-    finally:
-        stop.restore()
-
-
-def train(cfg, model, tok, conf, train_step, run_eval, rank, metric):
-    """The supervised loop (sft.py, reward_model.py): train `model` (checkpoints hold it, with
-    config conf). train_step(gen): forward and backward on this rank's share of a batch drawn
-    with gen, each loss divided by the global batch's count -> ({"train/loss": loss, ...},
-    n_tok). run_eval(split, step) -> metrics of "val" or "test" (rank 0); the val `metric`
-    picks best.pt and meets target_val_accuracy. Returns the last eval's metrics."""
-    opt = adamw(model, cfg.lr, cfg.weight_decay)
-    state, t0, window = State(), time.time(), [0, 0.0]  # window: tokens, seconds since a log
-    if cfg.resume:
-        state = resume(cfg, model, opt, tok, rank == 0)[0]
-    logger = Logger(cfg.out_dir, cfg, enabled=rank == 0)
-
-    def step():  # one optimizer step; every log_interval its stats and tokens/s
-        t = time.time()
-        model.train()
-        opt.zero_grad()
-        torch.manual_seed(seeded("cpu", "dropout", cfg.seed, rank, state.step).initial_seed())
-        stats, n_tok = train_step(seeded("cpu", "batch", cfg.seed, rank, state.step))
-        total = all_reduce([v.item() for v in stats.values()] + [n_tok]).tolist()  # rank sums
-        lr = lr_at(state.step, cfg)
-        gnorm = optimizer_step(model, opt, torch.tensor(total[0]), lr, cfg.grad_clip, False)
-        stats = {**dict(zip(stats, total)), "train/lr": lr, "train/grad_norm": gnorm.item()}
-        window[:] = window[0] + total[-1], window[1] + time.time() - t
-        if (state.step + 1) % cfg.log_interval and state.step:
-            return None
-        stats.update({"perf/elapsed_s": time.time() - t0, "perf/tok_s": window[0] / window[1]})
-        window[:] = 0, 0.0
-        return stats, " ".join(f"{k[6:]} {v:.4g}" for k, v in stats.items() if k[:6] == "train/")
-
-    def evaluate(full):  # val, and test when full or once val reaches the target
-        m = run_eval("val", state.step)
-        reached = cfg.target_val_accuracy is not None and m[metric] >= cfg.target_val_accuracy
-        if full or reached:
-            m.update(run_eval("test", state.step))
-        if reached:
-            print(f"{metric} {m[metric]:.4f} >= target_val_accuracy: stopping", flush=True)
-        return m, reached
-
-    run(cfg, state, step, evaluate, lambda name: save(cfg, name, model, opt, conf, state, tok),
-        rank, logger, metric)
-    if rank == 0:
-        print(f"done in {fmt_time(time.time() - t0)}; best {metric} {state.best_val:.4f}",
+    def record(self, metrics, metric):
+        """Log and keep an eval's metrics (rank 0) -> whether `metric` is the best so far."""
+        floats = {k: v for k, v in metrics.items() if isinstance(v, float)}
+        self.state.last_eval = floats
+        self.state.first_eval = self.state.first_eval or floats
+        self.logger.log({"step": self.state.step, **metrics})
+        line = " ".join(f"{k} {v:.4f}" for k, v in floats.items() if "/n" not in k)
+        print(f"step {self.state.step:5d} | eval {line} | took {time.time() - self.t_eval:.1f}s",
               flush=True)
-    finish(logger)
-    return state.last_eval
+        best = metrics[metric] > self.state.best_val
+        self.state.best_val = max(metrics[metric], self.state.best_val)
+        return best
+
+    @contextlib.contextmanager
+    def step(self):
+        """One training step, timed into state.train_s; a non-finite loss or gradient stops
+        the run with one line, the last checkpoint the good one."""
+        t = time.time()
+        try:
+            yield
+        except FloatingPointError as e:  # nothing stepped: ckpt.pt is the last good one
+            raise UserError(f"step {self.state.step + 1}: non-finite {e}; stopped, last good "
+                            f"checkpoint kept at {os.path.join(self.cfg.out_dir, 'ckpt.pt')}") \
+                from None
+        self.t_step = time.time() - t
+        self.state.step += 1
+        self.state.train_s += self.t_step
+
+    def log(self, stats, line):
+        """The step's stats to metrics.jsonl, and (rank 0) its line: what it did, its time,
+        and the ETA from the training time so far."""
+        s, cfg = self.state.step, self.cfg
+        self.logger.log({"step": s, **stats, "perf/step_s": self.t_step})
+        left = self.state.train_s / s * (cfg.max_iters - s)
+        left = min(left, cfg.max_seconds - self.state.train_s) if cfg.max_seconds > 0 else left
+        if self.rank == 0:
+            print(f"step {s:5d}/{cfg.max_iters} | {line} | {self.t_step:.2f}s | "
+                  f"{fmt_time(time.time() - self.t0)}, ETA {fmt_time(left)}", flush=True)
+
+    def __enter__(self):
+        return self
+
+    def summary(self, metric, pass_k):
+        """The run's last line: the held-out metric at the start and at the end."""
+        m0, m = self.state.first_eval, self.state.last_eval
+        line = f"{metric} {m0[metric]:.4f} -> {m[metric]:.4f} " \
+               f"({100 * (m[metric] - m0[metric]):+.1f} points)"
+        line += f", {pass_k} {m0[pass_k]:.4f} -> {m[pass_k]:.4f}" if pass_k in m0 else ""
+        print(f"held-out {line} in {fmt_time(time.time() - self.t0)}; checkpoint "
+              f"{self.cfg.out_dir}/ckpt.pt", flush=True)
+
+    def __exit__(self, *exc):
+        for s, h in self.handlers.items():
+            signal.signal(s, h)
+        if exc[0] is None and self.signalled and self.rank == 0:
+            print(f"{self.signal or 'a stop signal'}: saved {self.cfg.out_dir}/ckpt.pt at step "
+                  f"{self.state.step}; continue with --resume=true", flush=True)
+        self.logger.finish()
+        if dist.is_initialized() and exc[0] is None:
+            dist.barrier()  # no rank tears gloo down while another is still talking to it
+            dist.destroy_process_group()
+
+
+def fmt_time(seconds):
+    """Seconds -> '42s', '3m05s' or '1h02m' for progress lines."""
+    s = int(round(max(0.0, seconds)))
+    h, m = divmod(s // 60, 60)
+    return f"{s}s" if s < 60 else f"{m}m{s % 60:02d}s" if s < 3600 else f"{h}h{m:02d}m"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-import losses as L
+import losses
 from model import logprobs
 from nanorl.config import UserError
 
@@ -25,39 +25,33 @@ class Flags:  # rl.py's flags of the lab
     decoupled: bool = False  # decoupled PPO: clip at pi_prox = pi_old, weigh pi_prox / mu
 
 
-def check(cfg, row):
+def check(cfg, algo):
     """The lab's settings against the row: a one-line error where they do not fit."""
     if cfg.staleness < 0:
         raise UserError(f"staleness must be >= 0, got {cfg.staleness}")
     if cfg.rollout_is not in KINDS:
         raise UserError(f"rollout_is must be none, tis, seq_tis or icepop, got {cfg.rollout_is}")
     fix = cfg.rollout_is != "none" or cfg.decoupled
-    if fix and row.ratio is None:
+    if fix and algo.ratio is None:
         raise UserError(f"--rollout_is and --decoupled reweight a policy ratio; {cfg.loss} "
                         "has none")
-    if cfg.staleness and row.on_policy:
+    if cfg.staleness and algo.on_policy:
         raise UserError(f"--staleness trains on old rollouts, which needs an importance ratio; "
                         f"{cfg.loss} has none")
     if cfg.rollout_is != "none" and cfg.decoupled:
         raise UserError("--decoupled brings its own behaviour weight pi_prox/mu: leave "
                         "--rollout_is=none")
-    if row.ratio == "sequence" and (cfg.rollout_is in ("tis", "icepop") or cfg.decoupled):
+    if algo.ratio == "sequence" and (cfg.rollout_is in ("tis", "icepop") or cfg.decoupled):
         raise UserError(f"{cfg.loss} weighs whole sequences: only --rollout_is=seq_tis fits it")
 
 
-def delay(queue, b, k):
-    """Queue this step's rollout; the one of k steps ago comes out (None if that step had
-    none), or False while the queue fills."""
-    queue.append(b)
-    return queue.popleft() if len(queue) > k else False
-
-
 @torch.no_grad()
-def recompute(model, b, cfg):
-    """pi_old, the trainer's log-probs of a rollout that mu sampled, into b.old -> the gap
+def recompute(model, batch, cfg):
+    """pi_old, the trainer's log-probs of a rollout that mu sampled, into batch.old -> the gap
     |sum_t (log pi_old - log mu)| per sequence, its mean and max."""
-    b.old = logprobs(model, b.ids, b.offsets, b.mask, cfg.temperature, rows=cfg.micro_batch_size)[0]
-    gap = L.masked_sum(b.old - b.mu, b.mask, 1).abs()  # (N,)
+    batch.old = logprobs(model, batch.ids, batch.offsets, batch.mask, cfg.temperature,
+                         max_rows=cfg.micro_batch_size)[0]
+    gap = losses.masked_sum(batch.old - batch.mu, batch.mask, 1).abs()  # (N,)
     return {"rl/old_mu_seq_mean": gap.mean().item(), "rl/old_mu_seq_max": gap.max().item()}
 
 
@@ -82,23 +76,24 @@ def rollout_weights(old_logp, mu_logp, mask, kind, cap=2.0, low=0.5, high=5.0):
     else:
         raise ValueError(f"unknown rollout correction {kind!r}; valid: tis, seq_tis, icepop, "
                          "decoupled")
-    return w, L.masked_mean(cut.float(), m)
+    return w, losses.masked_mean(cut.float(), m)
 
 
-def weigh(adv, b, cfg, row):
+def weigh(adv, batch, cfg, algo):
     """The advantages times the weights of --rollout_is or --decoupled -> (adv, stats); a
     sequence-ratio row takes seq_tis's one weight per row."""
-    w, cut = rollout_weights(b.old, b.mu, b.mask, "decoupled" if cfg.decoupled else cfg.rollout_is)
-    if row.ratio == "sequence":
+    kind = "decoupled" if cfg.decoupled else cfg.rollout_is
+    w, cut = rollout_weights(batch.old, batch.mu, batch.mask, kind)
+    if algo.ratio == "sequence":
         adv = adv * w[:, 0]  # (B,)
     else:
         adv = (adv[:, None] if adv.dim() == 1 else adv) * w  # (B, T)
     return adv, {"rl/is_capped_frac": cut.item()}
 
 
-def to_dict(b):
+def to_dict(batch):
     """A queued rollout as plain tensors (weights_only checkpoints); None stays None."""
-    return b and {k: v for k, v in vars(b).items() if v is not None}
+    return batch and {k: v for k, v in vars(batch).items() if v is not None}
 
 
 def from_dict(d, dev, cls):

@@ -180,71 +180,73 @@ def load_records(path, kind, alphabet=ALPHABET):
     return read_jsonl(path, RECORD_FIELDS[kind], alphabet, f"{kind} records")
 
 
-def check(cfg, row):
+def check(cfg, algo):
     if cfg.pairs not in ("offline", "online"):
         raise UserError(f"pairs must be offline or online, got {cfg.pairs}")
-    if cfg.pairs == "online" and row.family != "pref":
+    if cfg.pairs == "online" and algo.family != "pref":
         raise UserError(f"--pairs picks a preference row's data; {cfg.loss} has no pairs")
     if cfg.pairs == "online" and not cfg.dynamic_sampling:
         raise UserError("online pairs keep only groups with a right and a wrong answer: dynamic "
                         "sampling is always on for them (drop --dynamic_sampling=false)")
 
 
-def offline(cfg, row):
+def offline(cfg, algo):
     """Whether the row trains on a step's worth of data files rather than on fresh samples."""
-    return row.data == "gold" or row.family == "pref" and cfg.pairs == "offline"
+    return algo.data == "gold" or algo.family == "pref" and cfg.pairs == "offline"
 
 
-def data(cfg, row, task):
+def data(cfg, algo, task):
     """What a step draws from: gold problems (sft: only the labels SFT saw), offline pairs or
     KTO answers, else the train prompts."""
-    if row.data == "gold":
+    if algo.data == "gold":
         return labelled(task.train, task.n_train)
-    if offline(cfg, row):
+    if offline(cfg, algo):
         if task.env:
             raise UserError(f"{task.name}'s answers are episodes, its pairs files have none: "
                             "use --pairs=online")
-        kind = "kto" if row.data == "labels" else "pairs"  # the files: pairs_*, kto_*.jsonl
+        kind = "kto" if algo.data == "labels" else "pairs"  # the files: pairs_*, kto_*.jsonl
         return load_records(ensure_pairs(task.name) / f"{kind}_train.jsonl", kind)
     return task.train
 
 
-def step(cfg, row, run, b, lr):
+def step(cfg, algo, run, batch, lr):
     """One preference or supervised step on this rank's rows: offline ones drawn from the data
-    files, online ones picked from the rollout b (None: no group had a right and a wrong
+    files, online ones picked from the rollout batch (None: no group had a right and a wrong
     answer) -> its stats (none when some rank has no rows)."""
     task = run.task
-    if offline(cfg, row):
-        n = cfg.pairs_per_step // world_size() * (2 if row.data == "labels" else 1)
+    if offline(cfg, algo):
+        n = cfg.pairs_per_step // world_size() * (2 if algo.data == "labels" else 1)
         items = [task.train[i] for i in run.prompts.take(n)]
-        rows, labels = (task.gold_rows(items), None) if row.data == "gold" \
+        rows, labels = (task.gold_rows(items), None) if algo.data == "gold" \
             else record_rows(task.tok, items, task.reverse)
     else:
-        rows, labels = rollout_rows(b, row, cfg.group_size) if b is not None else ([], None)
+        no_pairs = ([], None)  # no group of this rank held a right and a wrong answer
+        rows, labels = rollout_rows(batch, algo, cfg.group_size) if batch is not None else no_pairs
     if all_reduce(float(not rows), "max").item():  # on any rank: no update
         return {}
     run.opt.zero_grad()
-    loss, stats = rows_loss(run.fwd, run.ref, task.tok.pad_id, rows, labels, row, run.hp,
+    loss, stats = rows_loss(run.compiled, run.ref, task.tok.pad_id, rows, labels, algo, run.hp,
                             cfg.micro_batch_size)
     gnorm = loop.optimizer_step(unwrap(run.model), run.opt, loss, lr, cfg.grad_clip,
                                 backward=False)
     return {**stats, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(), "rl/lr": lr}
 
 
-def rollout_rows(b, row, G):
+def rollout_rows(batch, algo, G):
     """A rollout -> (rows, labels): rft keeps the verified-correct samples; a pair row takes one
     (correct, wrong) pair per group (every group holds both): chosen rows, then rejected rows,
     and KTO's labels mark the correct half desirable."""
-    correct = b.correct.view(-1, G).cpu()  # (groups, G)
-    if row.data == "samples":
+    correct = batch.correct.view(-1, G).cpu()  # (groups, G)
+    if algo.data == "samples":
         picked = correct.flatten().nonzero().flatten().tolist()
     else:
         first = torch.arange(correct.size(0)) * G  # (groups,) each group's first row
         picked = (first + correct.argmax(1)).tolist() + (first + correct.argmin(1)).tolist()
-    resp, P = responses(b), b.ids.size(1) - b.mask.size(1)
-    rows = [(b.ids[r, int(b.offsets[r]):P].tolist(), resp[r], b.mask[r, :len(resp[r])].tolist())
+    resp, P = responses(batch), batch.ids.size(1) - batch.mask.size(1)
+    rows = [(batch.ids[r, int(batch.offsets[r]):P].tolist(), resp[r],
+             batch.mask[r, :len(resp[r])].tolist())
             for r in picked]  # (prompt, response, its action mask)
-    return rows, (None if row.data == "samples" else torch.arange(len(rows)) < len(rows) // 2)
+    return rows, (None if algo.data == "samples" else torch.arange(len(rows)) < len(rows) // 2)
 
 
 def pack_left(rows, pad_id):
@@ -264,7 +266,7 @@ def row_logps(model, rows, pad_id, max_rows=None):
     max_rows rows a forward."""
     dev = next(model.parameters()).device
     ids, offsets, mask = (t.to(dev) for t in pack_left(rows, pad_id))
-    return logprobs(model, ids, offsets, mask, rows=max_rows)[0], mask
+    return logprobs(model, ids, offsets, mask, max_rows=max_rows)[0], mask
 
 
 def seq_logps(model, rows, pad_id, max_rows=None):
@@ -272,53 +274,56 @@ def seq_logps(model, rows, pad_id, max_rows=None):
     return row_logps(model, rows, pad_id, max_rows)[0].sum(1)  # 0 off the mask
 
 
-def rows_loss(model, ref, pad_id, rows, labels, row, hp, max_rows=None):
+def rows_loss(model, ref, pad_id, rows, labels, algo, hp, max_rows=None):
     """Backward of one batch's loss, at most max_rows rows a forward (memory) -> (the loss,
     detached; stats). The loss is a mean over every DDP rank's units, pairs, answers (kto) or
     answer tokens (sft, rft), so micro-batches and ranks add up to the whole batch's gradient.
     Pair rows are n chosen then n rejected; KTO's reference point z comes from mismatched
     pairs (answer i+1 after prompt i), per rank."""
-    pairs = row.data == "pairs"
+    pairs = algo.data == "pairs"
     n = len(rows) // 2 if pairs else len(rows)  # this rank's units
     length = pack_left(rows, pad_id)[2].sum(1).float()  # (N,) |y|: the policy's tokens
     with torch.no_grad():
-        ref_lp = seq_logps(ref, rows, pad_id, max_rows) if "ref" in row.needs else None  # (N,)
-        if row.data == "labels":
+        ref_lp = seq_logps(ref, rows, pad_id, max_rows) if "ref" in algo.needs else None  # (N,)
+        if algo.data == "labels":
             mismatched = [(p, *rows[(i + 1) % len(rows)][1:]) for i, (p, *_) in enumerate(rows)]
             labels = (labels, seq_logps(model, mismatched, pad_id, max_rows),
                       seq_logps(ref, mismatched, pad_id, max_rows))
-    total = all_reduce(float(length.sum() if row.family == "sft" else n)).item()
+    total = all_reduce(float(length.sum() if algo.family == "sft" else n)).item()
     size = max(1, (max_rows or len(rows)) // (2 if pairs else 1))  # units per forward
     loss, stats = 0.0, {}
     for i in range(0, n, size):
         unit = torch.arange(i, min(i + size, n))
         idx = torch.cat([unit, unit + n]) if pairs else unit  # its rows
         lp, m = row_logps(model, [rows[k] for k in idx.tolist()], pad_id)  # (r, L) each
-        part, st = unit_loss(row, hp, lp, m, idx, ref_lp, length.to(lp.device), labels, total)
+        part, part_stats = unit_loss(algo, hp, lp, m, idx, ref_lp, length.to(lp.device), labels,
+                                     total)
         part.backward()
         loss += part.detach()
-        w = 1 if row.family == "sft" else len(unit) / n  # sft's stats add up, others average
-        for k, v in st.items():
+        w = 1 if algo.family == "sft" else len(unit) / n  # sft's stats add up, others average
+        for k, v in part_stats.items():
             stats[k] = stats.get(k, 0.0) + float(v) * w
     return loss, {**stats, "rl/n_seqs": len(rows)}
 
 
-def unit_loss(row, hp, lp, m, idx, ref_lp, length, labels, total):
+def unit_loss(algo, hp, lp, m, idx, ref_lp, length, labels, total):
     """The row's loss of some units (their rows idx, log-probs lp and mask m (r, L)), as its
     share of the batch's mean over `total` units (tokens for sft, rft) -> (loss, stats)."""
-    if row.family == "sft":  # the per-token NLL of the answers, at temperature 1
-        loss, st = nll_loss(lp, m, n_tokens=total)
-        return loss, {"rl/nll": st["nll"], "rl/n_tokens": m.sum()}
-    pi, length, k = lp.sum(1), length[idx], len(idx) // (2 if row.data == "pairs" else 1)
+    if algo.family == "sft":  # the per-token NLL of the answers, at temperature 1
+        loss, part_stats = nll_loss(lp, m, n_tokens=total)
+        return loss, {"rl/nll": part_stats["nll"], "rl/n_tokens": m.sum()}
+    pi, length, k = lp.sum(1), length[idx], len(idx) // (2 if algo.data == "pairs" else 1)
     ref = None if ref_lp is None else ref_lp[idx]  # (r,)
-    if row.data == "labels":
+    if algo.data == "labels":
         desirable, *mis = labels
-        loss, st = row.objective(pi, ref, desirable[idx].to(pi.device), *mis, length=length, **hp)
+        loss, part_stats = algo.objective(pi, ref, desirable[idx].to(pi.device), *mis,
+                                          length=length, **hp)
     elif ref is not None:
-        loss, st = row.objective(pi[:k], pi[k:], ref[:k], ref[k:], chosen_len=length[:k], **hp)
+        loss, part_stats = algo.objective(pi[:k], pi[k:], ref[:k], ref[k:], chosen_len=length[:k],
+                                          **hp)
     else:
-        loss, st = row.objective(pi[:k], pi[k:], length[:k], length[k:], **hp)
-    stats = {f"rl/{key}": v for key, v in st.items()}
+        loss, part_stats = algo.objective(pi[:k], pi[k:], length[:k], length[k:], **hp)
+    stats = {f"rl/{key}": v for key, v in part_stats.items()}
     if ref is not None:
         stats["rl/log_ratio"] = (pi.detach() - ref).mean()  # mean log pi/ref
     return loss * k / total, stats

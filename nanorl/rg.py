@@ -27,7 +27,8 @@ def generator(name, config):
         raise DataError(f"task rg:{name} needs reasoning-gym: pip install -r requirements-rg.txt") \
             from None
     if name not in DATASETS:
-        raise DataError(f"unknown reasoning-gym task {name!r}; valid: {', '.join(sorted(DATASETS))}")
+        raise DataError(f"unknown reasoning-gym task {name!r}; valid: "
+                        f"{', '.join(sorted(DATASETS))}")
     cls, config_cls = DATASETS[name]
     keys = [f.name for f in dataclasses.fields(config_cls) if f.name not in ("seed", "size")]
     bad = [k for k in config if k not in keys]

@@ -13,7 +13,7 @@ from model import token_logps
 
 
 @dataclass
-class RMFlags:  # rl.py's flags of the reward
+class Flags:  # rl.py's flags of the reward
     reward: str = "verifier"  # the task's verifier (0/1), or "rm": rm_ckpt's score
     rm_ckpt: str = "out/rm-mul/ckpt.pt"
     rm_normalize: bool = True  # RM scores -> (s - running mean) / running std
@@ -36,13 +36,14 @@ def bt_loss(s_chosen, s_rejected):
     return -torch.nn.functional.logsigmoid(d).mean(), stats
 
 
-def check(cfg, row):
+def check(cfg, algo):
     if cfg.reward not in ("verifier", "rm"):
         raise UserError(f"reward must be verifier or rm, got {cfg.reward}")
-    if cfg.reward == "rm" and (row.family != "pg" or row.binary):
+    if cfg.reward == "rm" and (algo.family != "pg" or algo.binary):
         raise UserError(f"--reward=rm gives real-valued rewards; {cfg.loss} needs the verifier")
-    if cfg.reward == "rm" and "teacher" in row.needs:
-        raise UserError(f"{cfg.loss} learns from its teacher, never from a reward: drop --reward=rm")
+    if cfg.reward == "rm" and "teacher" in algo.needs:
+        raise UserError(f"{cfg.loss} learns from its teacher, never from a reward: drop "
+                        "--reward=rm")
 
 
 class RewardModel:
@@ -66,22 +67,23 @@ class RewardModel:
         return cls(model.to(dev), *ckpt_settings(ckpt, path, "lik_coef"))
 
     @torch.no_grad()
-    def __call__(self, b, rows=128):
-        """(N,) raw score of each response of a rollout, rows at a time (memory)."""
-        full = torch.cat([torch.zeros_like(b.ids[:, :b.ids.size(1) - b.mask.size(1)]), b.mask], 1)
-        return torch.cat([rm_scores(self.model, b.ids[i:i + rows], full[i:i + rows],
-                                    b.offsets[i:i + rows], self.lik_coef)[0]
-                          for i in range(0, b.ids.size(0), rows)])
+    def __call__(self, batch, max_rows=128):
+        """(N,) raw score of each response of a rollout, max_rows at a time (memory)."""
+        P, n = batch.ids.size(1) - batch.mask.size(1), max_rows
+        full = torch.cat([torch.zeros_like(batch.ids[:, :P]), batch.mask], 1)  # (N, P+L)
+        return torch.cat([rm_scores(self.model, batch.ids[i:i + n], full[i:i + n],
+                                    batch.offsets[i:i + n], self.lik_coef)[0]
+                          for i in range(0, batch.ids.size(0), n)])
 
-    def score(self, b, normalize, update):
-        """Put this model's score on a rollout: b.rm_reward the raw score (N,), b.reward the
+    def score(self, batch, normalize, update):
+        """Put this model's score on a rollout: batch.rm_reward the raw score (N,), batch.reward the
         score (normalised by the running statistics, which update=True moves first) plus the
         shaping the verifier's reward carried."""
-        raw = self(b)  # (N,)
+        raw = self(batch)  # (N,)
         if normalize and update:
             self.update(raw)
         score = self.normalize(raw) if normalize else raw
-        b.rm_reward, b.reward = raw, score + b.reward - b.correct
+        batch.rm_reward, batch.reward = raw, score + batch.reward - batch.correct
 
     def update(self, x):
         n, mean = x.numel(), x.mean().item()

@@ -66,9 +66,9 @@ def cat(parts):
                              for k, v in vars(parts[0]).items()})
 
 
-def take(b, rows):
+def take(record, rows):
     """The record of these rows (a bool mask (N,) or indices) of record b."""
-    return type(b)(**{k: None if v is None else v[rows] for k, v in vars(b).items()})
+    return type(record)(**{k: None if v is None else v[rows] for k, v in vars(record).items()})
 
 
 class PromptSampler:

@@ -133,8 +133,8 @@ def test_gpu_checkpoint_loads_on_cpu_and_back(tmp_path):
 
 def test_nan_stops_the_run_as_on_cpu(sft_ckpt, tmp_path, monkeypatch, varied_reward):  # noqa: F811
     """A NaN loss stops the run with the CPU's one-line error; ckpt.pt stays the step-0 one."""
-    real = L.LOSSES["grpo"]
-    monkeypatch.setitem(L.LOSSES, "grpo", lambda *a, **k: (real(*a, **k)[0] * float("nan"), {}))
+    real = L.algo_loss
+    monkeypatch.setattr(L, "algo_loss", lambda *a, **k: (real(*a, **k)[0] * float("nan"), {}))
     errors = []
     for dev in ("cpu", DEV):
         out = tmp_path / dev

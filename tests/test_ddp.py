@@ -130,7 +130,7 @@ if os.environ["RANK"] == "1":  # dies in its second update; must never write a f
         return real(*a, **k)
     rl.update = dying
     rl.loop.save_checkpoint = lambda *a, **k: sys.exit("rank 1 wrote a checkpoint")
-    rl.Logger.log = lambda self, m: sys.exit("rank 1 wrote metrics") if self.enabled else None
+    rl.loop.Logger.log = lambda self, m: sys.exit("rank 1 wrote metrics") if self.enabled else None
 sys.argv = ["rl.py"] + sys.argv[1:]
 config.run_cli(rl.main, rl.Config)
 """

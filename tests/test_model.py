@@ -99,7 +99,7 @@ def test_cached_logits_match_full_forward():
     model = tiny()
     seq = torch.randint(2, 16, (2, 12))
     full = model(seq)
-    cache = KVCache(model.config, 2, 12, "cpu", torch.float32)
+    cache = KVCache()
     steps = [model(seq[:, :5], cache=cache)]
     for t in range(5, 12):
         steps.append(model(seq[:, t:t + 1], cache=cache))

@@ -243,7 +243,7 @@ def test_distillation_keeps_every_group_and_prompt(sft_ckpt, tmp_path, monkeypat
     for loss in ("gkd", "grpo"):
         cfg, row, hp = rl.check(rl.Config(loss=loss, sft_ckpt=sft_ckpt, out_dir=str(tmp_path / loss),
                                           teacher_ckpt=sft_ckpt))
-        selects.append(rl.setup(cfg, row, hp, torch.device("cpu"), 0, 1).prompts.selection)
+        selects.append(rl.setup(cfg, row, hp, torch.device("cpu"), 0, 1)[1].prompts.selection)
     assert selects == [False, True]
 
 

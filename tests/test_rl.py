@@ -142,8 +142,8 @@ def test_rl_defaults_stay_below_the_collapse_lr():
 
 
 def test_nan_stops_the_run_and_keeps_the_checkpoint(sft_ckpt, tmp_path, monkeypatch, varied_reward):
-    real = L.LOSSES["grpo"]
-    monkeypatch.setitem(L.LOSSES, "grpo", lambda *a, **k: (real(*a, **k)[0] * float("nan"), {}))
+    real = L.algo_loss
+    monkeypatch.setattr(L, "algo_loss", lambda *a, **k: (real(*a, **k)[0] * float("nan"), {}))
     with pytest.raises(rl.UserError, match=r"step 1: non-finite loss"):
         run(sft_ckpt, tmp_path, loss="grpo", max_iters=2)
     ck = load_checkpoint(str(tmp_path / "ckpt.pt"))
@@ -203,7 +203,7 @@ def test_sft_baseline_reads_only_the_checkpoints_labelled_problems(sft_ckpt, tmp
     assert len(seen) == 24 and set(seen) == set(labelled(train, 12))  # 24 draws, in epochs over the 12
     assert load_checkpoint(str(tmp_path / "sft" / "ckpt.pt"))["config"]["n_train"] == 12
     cfg, row, hp = rl.check(rl.Config(sft_ckpt=scarce, out_dir=str(tmp_path / "grpo"), **TINY_RL))
-    assert rl.setup(cfg, row, hp, torch.device("cpu"), 0, 1).task.train == train  # prompts: no labels
+    assert rl.setup(cfg, row, hp, torch.device("cpu"), 0, 1)[1].task.train == train  # prompts: no labels
 
 
 def test_rft_trains_on_the_verified_correct_samples_only(sft_ckpt, tmp_path, varied_reward):
@@ -588,7 +588,7 @@ def test_rl_takes_the_checkpoints_max_new_tokens_and_warns_when_no_answer_ends(s
     """Unset, max_new_tokens is the SFT checkpoint's (a tool's traces need 80, not 8); a step in
     which every rollout was cut says so in its line, not silently "n_groups 0"."""
     ck = load_checkpoint(sft_ckpt)
-    cfg = rl.check(rl.Config(sft_ckpt=sft_ckpt))[0]
+    cfg = rl.setup(*rl.check(rl.Config(sft_ckpt=sft_ckpt)), torch.device("cpu"), 0, 1)[0]
     assert cfg.max_new_tokens == ck["config"]["max_new_tokens"] and rl.Config().max_new_tokens is None
     _, rows = run(sft_ckpt, tmp_path, max_new_tokens=1, eval_samples=0, max_iters=4)
     cut = [r["rl/sampled_truncated_frac"] == 1 for r in rows if "rl/n_groups" in r]

@@ -232,7 +232,7 @@ def loss_and_grads(name, b, monkeypatch, scale, model_fn=None, gold=None):
         with torch.no_grad():
             ref_lp, adv, inputs, _ = rl.prepare(cfg, row, run, b)
         loss, _ = rl.accumulate(cfg, row, run, b, adv, inputs, ref_lp, torch.arange(len(b.ids)),
-                                1024, first=True)
+                                1024, True, torch.Generator().manual_seed(0))
     else:
         rows, labels = (gold, None) if row.data == "gold" else \
             pref.rollout_rows(b, row, cfg.group_size)
@@ -275,7 +275,7 @@ def test_the_token_mean_divides_by_the_policys_tokens_by_hand():
     run = make_run(cfg, tool_model(seed=3))
     ref_lp, adv, inputs, _ = rl.prepare(cfg, L.ALGOS["dapo"], run, b)
     loss, _ = rl.accumulate(cfg, L.ALGOS["dapo"], run, b, adv, inputs, ref_lp, torch.arange(len(b.ids)),
-                            1024, first=False)
+                            1024, False, None)
     acts = b.mask.sum(1).tolist()  # (N,) the policy's tokens of each row
     assert sum(acts) < b.length.sum().item()
     want = -sum(a * n for a, n in zip(adv.tolist(), acts)) / sum(acts)
@@ -283,23 +283,21 @@ def test_the_token_mean_divides_by_the_policys_tokens_by_hand():
 
 
 def test_eval_kl_and_length_count_only_the_policys_tokens_by_hand():
-    """eval/kl is the k3 KL to the reference averaged over the action tokens of 4 samples per test
-    prompt, eval/resp_len their count per answer: the calculator's results are in neither."""
-    from types import SimpleNamespace
-    from nanorl.evaluate import eval_kl
+    """eval/kl is the k3 KL to the reference averaged over the action tokens of the eval samples
+    (2 per test prompt here), eval/resp_len their count per answer: the calculator's results are in
+    neither."""
+    from nanorl.evaluate import evaluate
     from nanorl.rows import encode_prompts
     policy, ref = tool_model(seed=3), tool_model(seed=4)
     test = load_split("mul3_tool", "val")[:6]
-    tsk = task(test=test)
-    cfg = SimpleNamespace(sample_batch_size=8, max_new_tokens=40, temperature=1.0)
-    m = eval_kl(policy, ref, tsk, cfg, torch.Generator().manual_seed(7), n=6)
-    gen = torch.Generator().manual_seed(7)
-    idx = torch.randperm(6, generator=gen).tolist()
+    m = evaluate(policy, task(test=test), "test", 40, n_samples=2, batch_size=4, ref=ref,
+                 generator=torch.Generator().manual_seed(7))[0]
+    gen = torch.Generator().manual_seed(7)  # the greedy pass draws nothing from it
     kl, n_act, n_resp, rows = 0.0, 0, 0, 0
-    for i in range(0, 6, 2):  # sample_batch_size 8: 2 prompts x 4 samples a call
-        prompts = encode_prompts(TOK, [test[j][0] for j in idx[i:i + 2]], True)
-        out = generate(policy, prompts, 40, TOK.eos_id, TOK.pad_id, G=4, generator=gen,
-                       env=episodes([test[j] for j in idx[i:i + 2]], 4))
+    for i in range(0, 6, 2):  # batch_size 4: 2 prompts x 2 samples a call
+        prompts = encode_prompts(TOK, [p for p, _ in test[i:i + 2]], True)
+        out = generate(policy, prompts, 40, TOK.eos_id, TOK.pad_id, G=2, generator=gen,
+                       env=episodes(test[i:i + 2], 2))
         P, n_resp = out["prompt_len"], n_resp + out["response_mask"].sum().item()
         ref_lp = logprobs(ref, out["ids"], out["offsets"], out["action_mask"][:, P:])[0]
         for r, acts in enumerate(out["action_mask"][:, P:].tolist()):

@@ -1,0 +1,14 @@
+# SFT on reasoning-gym's spell_backward with words of 3-5 letters: "Spell this word backward
+# (example: sun -> nus): neon" -> "noen", the question verbatim. Then GRPO:
+#   python bench/rg_table.py spell_backward   (README, "The field's tasks")
+task = "rg:spell_backward"
+rg = dict(min_word_len=3, max_word_len=5)
+reverse = False  # no digits to turn around
+out_dir = "out/sft-rg-spell_backward"
+block_size = 64  # the longest question (53 characters) and max_new_tokens
+max_new_tokens = 8
+batch_size = 128
+lr = 1e-3
+min_lr = 1e-3
+max_iters = 500
+eval_interval = 500
