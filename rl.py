@@ -57,7 +57,7 @@ class Config(rm.Flags, pref.Flags, distill.Flags, offpolicy.Flags, losses.Knobs,
     minibatches: int = 1  # optimizer steps per epoch
     micro_batch_size: int = 256  # rows per forward/backward: memory
     sample_batch_size: int = 256  # rows per sampler call: memory
-    eval_samples: int = 8  # samples per test problem: pass@1, pass@8
+    eval_samples: int = 8  # samples per test problem: pass@1, pass@8, KL to the reference
     bf16: Optional[bool] = None  # autocast rollouts and updates; None = on CUDA
     compile: bool = False  # torch.compile the training forward
 

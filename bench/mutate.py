@@ -70,6 +70,11 @@ ROLLOUT_TURNS = (E + "rollout_puts_the_turns_rewards_in_the_return",)
 TOKEN_TURNS = (E + "token_rows_see_every_turns_reward_at_its_position_across_the_gaps",)
 SPLIT = (T + "the_reward_reads_the_text_after_the_environments_last_token",)
 EVAL_KL = (T + "eval_kl_and_length_count_only_the_policys_tokens_by_hand",)
+RG = "tests/test_rg.py::"
+RG_SPLITS = (RG + "test_splits_are_disjoint_and_deduplicated_on_a_real_generator",)
+RG_SCORE = (RG + "test_the_generators_score_is_the_reward_partial_credit_included",)
+JSONL = ("tests/test_task.py::test_a_jsonl_task_through_sft_rl_and_sample",
+         "tests/test_task.py::test_a_bad_jsonl_line_is_one_error_naming_file_and_line")
 TOKEN_MEAN = (T + "the_token_mean_divides_by_the_policys_tokens_by_hand",)
 MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     # reductions, log-probs, entropy
@@ -580,6 +585,22 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "pref.rollout_rows: rows without their action mask", TOOLS),
     (PF, "mask[i, :len(r)] = torch.tensor(m[0] if m else [1] * len(r))", "mask[i, :len(r)] = 1",
      "pref.pack_left: the action mask ignored", TOOLS),
+    # the field's tasks (issue 37): reasoning-gym's splits and scorer, JSONL
+    ("nanorl/rg.py", "if q in entries:\n            continue", "if False:\n            continue",
+     "rg.splits: a repeated question kept (no dedup)", RG_SPLITS),
+    ("nanorl/rg.py", "if split == \"train\" or len(out[split]) < HELD_OUT[split]:",
+     "if True:", "rg.splits: val and test past their caps", RG_SPLITS),
+    ("nanorl/rg.py", "return float(dataset.score_answer(answer, entries[question]))",
+     "return float(answer == entries[question][\"answer\"])",
+     "rg score: exact match, not the generator's score_answer", RG_SCORE),
+    (EV, "return self.scorer(problem[0], parse_answer(text, self.reverse))",
+     "return self.scorer(problem[0], text)", "Task.score: the model's digit order scored", RG_SCORE),
+    (EV, "if self.scorer:  # the generator's own format", "if False:  # the generator's own format",
+     "Task.score: an rg task scored by the exact verifier", RG_SCORE),
+    ("data/tasks.py", 'rec.get(k, rec.get("ground_truth") if k == "answer" else None)', "rec.get(k)",
+     "read_jsonl: ground_truth not read as the answer", JSONL),
+    ("data/tasks.py", "if not isinstance(rec[k], typ):", "if rec[k] is None:",
+     "read_jsonl: a non-string value taken", JSONL),
 ]
 
 

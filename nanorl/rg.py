@@ -2,7 +2,7 @@
 reasoning-gym tasks (`pip install -r requirements-rg.txt`), opened by a task named rg:NAME:
 
     python sft.py --task=rg:chain_sum                     # in a config: rg = dict(max_terms=3)
-    python sft.py configs/rg_chain_sum.py ; python rl.py configs/rl_rg_chain_sum.py
+    python bench/rg_table.py chain_sum                    # SFT, GRPO, the README's row
 
 The generator's questions are the prompts, verbatim; its own score_answer is the reward (partial
 credit in [0, 1]; accuracy and pass@k count a 1). reasoning-gym draws item i from seed + i, so
@@ -45,12 +45,13 @@ def splits(name, config):
         dataset = cls(config_cls(**config, seed=SEED, size=POOL))
     except (AssertionError, TypeError, ValueError) as e:
         raise DataError(f"rg:{name} config {config}: {e.__class__.__name__}: {e}") from None
-    entries = {}
-    for i in range(POOL):  # distinct questions, in the generator's order
+    entries, out = {}, {"train": [], "val": [], "test": []}  # entries: question -> its item
+    for i in range(POOL):  # in the generator's order
         entry = dataset[i]
-        entries.setdefault(entry["question"], entry)
-    out = {"train": [], "val": [], "test": []}
-    for q, entry in entries.items():
+        q = entry["question"]
+        if q in entries:
+            continue  # a repeat: the question has its split
+        entries[q] = entry
         h = int.from_bytes(hashlib.sha256(q.encode()).digest()[:8], "little") % 40
         split = "test" if h < 2 else "val" if h == 2 else "train"  # 1/20 test, 1/40 val
         if split == "train" or len(out[split]) < HELD_OUT[split]:
