@@ -288,7 +288,8 @@ def update(cfg, algo, run, batch, adv, inputs, ref_lp, lr, gen):
             gnorm = loop.optimizer_step(unwrap(run.model), run.opt, loss, lr, cfg.grad_clip,
                                         backward=False)
             steps.append(stats)
-    measured = {k: [step[k] for step in steps if k in step] for step in steps for k in step}
+    keys = dict.fromkeys(k for step in steps for k in step)  # every stat, in order
+    measured = {k: [step[k] for step in steps if k in step] for k in keys}
     return {**{f"rl/{k}": sum(v) / len(v) for k, v in measured.items()},  # over the steps
             "rl/loss": loss.item() * world_size(), "rl/grad_norm": gnorm.item(),
             "rl/lr": lr, "rl/n_tokens": batch.mask.sum().item()}

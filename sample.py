@@ -67,7 +67,7 @@ def main(cfg):
     ckpt = load_checkpoint(cfg.ckpt)
     model, tok = model_from_checkpoint(ckpt, cfg.ckpt)
     task = Task.of(ckpt, cfg.ckpt, tok, cfg.env_args)  # its reverse, verifier, environment
-    cfg = replace(cfg, max_new_tokens=cfg.max_new_tokens or ckpt["config"].get("max_new_tokens", 8))
+    cfg = replace(cfg, max_new_tokens=cfg.max_new_tokens or task.max_new_tokens)
     if cfg.split not in ("", "val", "test"):
         raise UserError(f"split must be val or test, got {cfg.split!r}")
     problems = getattr(task, cfg.split) if cfg.split else \
