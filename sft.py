@@ -20,10 +20,10 @@ from model import GPT, GPTConfig, seeded
 from nanorl.config import UserError, run_cli
 from nanorl.ddp import all_reduce, bf16_default
 from nanorl.evaluate import Task, evaluate, task_splits, verifier_of
-from nanorl import loop
+from nanorl import bpe, loop
 from nanorl.loop import TrainConfig, start
 from nanorl.rows import encode_prompts, pack
-from tokenizer import get_tokenizer
+from tokenizer import CharTokenizer
 
 
 @dataclass
@@ -94,7 +94,8 @@ def load_task(cfg):
                         "character: it needs --tokenizer=char")
     verifier_of(cfg.verifier or "exact")
     data, scorer = task_splits(cfg.task, cfg.rg)  # generated on first use
-    tok = get_tokenizer(cfg.tokenizer, task_alphabet(cfg.task, sum(data.values(), [])))
+    tok = CharTokenizer(task_alphabet(cfg.task, sum(data.values(), []))) if cfg.tokenizer == "char" \
+        else bpe.load(cfg.tokenizer)  # tiktoken's, by name
     if cfg.n_train > len(data["train"]):
         raise UserError(f"n_train={cfg.n_train} but the train split holds {len(data['train'])} "
                         "problems")

@@ -1,5 +1,5 @@
 """Hugging Face GPT-2 weights into model.GPT (sft.py --init_from; needs transformers). The
-tiktoken BPE lives in tokenizer.py, the task asked in words (mul_text) in data/tasks.py.
+tiktoken BPE lives in nanorl/bpe.py, the task asked in words (mul_text) in data/tasks.py.
 
     python sft.py configs/gpt2_mul.py --init_from=gpt2
 """

@@ -7,6 +7,7 @@ import torch
 
 import tokenizer as tokenizers
 from model import GPT, GPTConfig
+from nanorl import bpe
 
 
 class CheckpointError(RuntimeError):
@@ -72,7 +73,8 @@ def model_from_checkpoint(ckpt, path="checkpoint", scalar_head=None):
     it has none (a reward model or value head started from the SFT policy)."""
     try:
         cfg = GPTConfig(**ckpt["model_args"])
-        tok = tokenizers.from_dict(ckpt["tokenizer"])
+        d = ckpt["tokenizer"]
+        tok = bpe.from_dict(d) if d.get("kind") == "bpe" else tokenizers.from_dict(d)
     except (TypeError, tokenizers.TokenizerError) as e:
         raise CheckpointError(f"{path}: incompatible checkpoint ({e})") from None
     if tok.vocab_size != cfg.vocab_size:

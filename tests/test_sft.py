@@ -154,7 +154,7 @@ def test_text_task_with_a_bpe_tokenizer_runs_two_steps(tmp_path, monkeypatch):
     evals = [r for r in rows(tmp_path / "metrics.jsonl") if "eval/accuracy" in r]
     assert [r["step"] for r in evals] == [0, 2] and evals[0]["eval/n"] == 810
     assert evals[0]["eval/examples"][0]["prompt"].startswith("What is ")
-    from tokenizer import from_dict
+    from nanorl.bpe import from_dict
     tok = from_dict(ckpt["tokenizer"])
     from nanorl.evaluate import Task
     x, y, m = sft.encode_split(Task(tok, "mul_text", False, "exact", 0), [("What is 23 times 47?", "1081")],

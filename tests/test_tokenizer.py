@@ -7,8 +7,9 @@ import sys
 import pytest
 import tiktoken
 
-from tokenizer import BPETokenizer, get_bpe
-from tokenizer import CharTokenizer, TokenizerError, from_dict, get_tokenizer
+from nanorl import bpe
+from nanorl.bpe import BPETokenizer
+from tokenizer import CharTokenizer, TokenizerError, from_dict
 
 
 @pytest.mark.parametrize("text", ["23*47=1081", "999+1=1000", "", "0-0="])
@@ -48,7 +49,7 @@ def test_bpe_round_trip_and_serialisation():
     assert tok.eos_id == tok.pad_id == 259 and tok.vocab_size == 260
     assert tok.decode(ids + [tok.eos_id, 5]) == text
     assert tok.encode("<|endoftext|>") != [259]  # special text in data is not the EOS token
-    tok2 = from_dict(tok.to_dict())
+    tok2 = bpe.from_dict(tok.to_dict())
     assert tok2.encode(text) == ids and tok2.vocab_size == tok.vocab_size
 
 
@@ -67,20 +68,19 @@ def test_offline_gpt2_encoding_names_the_file_it_could_not_fetch(monkeypatch, tm
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path))
     monkeypatch.delitem(tiktoken.registry.ENCODINGS, "gpt2", raising=False)
     with pytest.raises(TokenizerError) as e:
-        get_tokenizer("gpt2", "0123456789")
+        bpe.load("gpt2")
     msg = str(e.value)
     assert msg.startswith("could not fetch https://openaipublic.blob.core.windows.net/gpt-2/encodings/main/")
     assert "'gpt2'" in msg and "TIKTOKEN_CACHE_DIR" in msg and "\n" not in msg
     with pytest.raises(TokenizerError, match="could not load the tiktoken encoding 'no-such-bpe'"):
-        get_bpe("no-such-bpe")
-    assert isinstance(get_tokenizer("char", "0123"), CharTokenizer)
+        bpe.load("no-such-bpe")
 
 
 def test_a_char_run_never_imports_gpt2_or_tiktoken():
     """The RL path with the char tokenizer (a checkpoint's dict too) leaves the GPT-2 extras out."""
     code = ("import sys, rl, tokenizer; from data.tasks import load_split; "
             "load_split('mul', 'val'); "
-            "tokenizer.from_dict(tokenizer.get_tokenizer('char', '01').to_dict()); "
+            "tokenizer.from_dict(tokenizer.CharTokenizer('01').to_dict()); "
             "print(sorted(m for m in ('gpt2', 'tiktoken', 'transformers') if m in sys.modules))")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     r = subprocess.run([sys.executable, "-c", code], cwd=root, capture_output=True, text=True,

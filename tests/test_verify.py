@@ -259,7 +259,7 @@ def test_final_answer_accepts_one_tag_anywhere(before, after, n):
 def char_and_bpe(alphabet):
     """A char tokenizer over `alphabet` and a tiny BPE with two specials (end-of-text, and one more)."""
     import tiktoken
-    from tokenizer import BPETokenizer
+    from nanorl.bpe import BPETokenizer
     from tokenizer import CharTokenizer
     ranks = {bytes([i]): i for i in range(256)}
     enc = tiktoken.Encoding("toy2", pat_str=r"\d| ?[a-zA-Z]+| ?[^\sa-zA-Z\d]+|\s+", mergeable_ranks=ranks,
