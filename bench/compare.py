@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)  # python bench/compare.py runs from anywhere
 import losses as L  # noqa: E402
 import rl  # noqa: E402
-from data.tasks import ensure_data  # noqa: E402
+from data.tasks import TASKS, ensure_data  # noqa: E402
 from nanorl.checkpoint import ckpt_settings, load_checkpoint  # noqa: E402
 from nanorl.config import UserError, load_config, print_config, run_cli  # noqa: E402
 from nanorl.evaluate import pass_k_name  # noqa: E402
@@ -172,7 +172,8 @@ def main(cfg):
     except OSError as e:
         raise UserError(f"out_dir {cfg.out_dir} is not writable ({e.strerror or e!r})") from None
     print_config(cfg)
-    ensure_data(task)  # generated once here, not by parallel runs
+    if task in TASKS:  # generated once here, not by parallel runs (rg:, env:, folders: no files)
+        ensure_data(task)
     if cfg.wandb:  # first, so that a --wandb_group in rl_args wins
         extra = ["--wandb=true", time.strftime("--wandb_group=compare-%Y%m%d-%H%M%S"), *extra]
     todo = [(n, s, k, extra) for n, k in steps.items() for s in seeds]

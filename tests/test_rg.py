@@ -82,6 +82,11 @@ def test_a_tiny_rg_run_end_to_end(tmp_path):
                       prompts_per_step=2, group_size=4, eval_samples=2, threads=1, dynamic_sampling=False))
     rows = [json.loads(line) for line in open(tmp_path / "rl" / "metrics.jsonl")]
     assert "eval/mean_score" in rows[-1] and any("rl/reward_mean" in r for r in rows)
+    from bench import compare  # every row from an rg: checkpoint (it has no data files)
+    cmp = compare.main(compare.Config(losses="grpo", sft_ckpt=str(out / "ckpt.pt"), out_dir=str(tmp_path / "cmp"),
+                                      max_iters=1, eval_interval=1, eval_samples=2, jobs=1,
+                                      rl_args="--prompts_per_step=2 --group_size=4"))
+    assert cmp["failed"] == [] and "rg:chain_sum test split" in (tmp_path / "cmp" / "compare.md").read_text()
     with pytest.raises(rl.UserError, match="takes no --verifier"):
         sft.main(sft.Config(task="rg:chain_sum", verifier="text", out_dir=str(tmp_path / "x")))
     with pytest.raises(rl.UserError, match="takes no --rg"):
