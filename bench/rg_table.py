@@ -18,7 +18,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RL_ARGS = ["--loss=grpo", "--beta=0", "--group_size=8", "--prompts_per_step=32", "--max_iters=300",
-           "--eval_interval=25"]
+           "--eval_interval=50"]
 
 
 def run(cmd, log):

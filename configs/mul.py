@@ -1,5 +1,5 @@
 # SFT of the default char GPT (4 layers, 128 wide, 0.8M parameters) on 2-digit multiplication,
-# digits least-significant first: 4-6 minutes on 2 CPU cores. Stops once val accuracy reaches 0.55:
+# digits least-significant first: 2-3 min on 2 cores with bf16, ~23 in fp32. Stops at val 0.55:
 # held-out greedy accuracy around 0.6, pass@8 well above pass@1, room for RL to improve.
 out_dir = "out/sft-mul"
 lr = 1e-3

@@ -1,6 +1,6 @@
-# SFT on reasoning-gym's spell_backward with words of 3-5 letters: "Spell this word backward
-# (example: sun -> nus): neon" -> "noen", the question verbatim. Then GRPO:
-#   python bench/rg_table.py spell_backward   (README, "The field's tasks")
+# SFT on reasoning-gym's spell_backward, words of 3-5 letters ("Spell this word backward (example:
+# sun -> nus): neon" -> "noen", verbatim), stopped at val 0.55 as configs/mul.py, room for RL (all
+# 500 steps reach 0.914). Then GRPO: python bench/rg_table.py spell_backward (README)
 task = "rg:spell_backward"
 rg = dict(min_word_len=3, max_word_len=5)
 reverse = False  # no digits to turn around
@@ -12,3 +12,5 @@ lr = 1e-3
 min_lr = 1e-3
 max_iters = 500
 eval_interval = 500
+target_val_accuracy = 0.55
+val_interval = 25

@@ -1,8 +1,7 @@
-"""A tiktoken BPE behind the tokenizer interface (tokenizer.py's): --tokenizer=gpt2 in sft.py, a
-checkpoint whose tokenizer dict has kind "bpe". tiktoken is imported only here, only then.
+"""A tiktoken BPE behind tokenizer.py's interface, for --tokenizer=gpt2 and checkpoints whose
+tokenizer has kind "bpe"; tiktoken is imported only then.
 
-    tok = bpe.load("gpt2")  # tiktoken's GPT-2 BPE (fetched once, then cached)
-    bpe.from_dict(tok.to_dict())  # the same tokenizer
+    tok = bpe.load("gpt2")  # GPT-2's (fetched once, then cached); from_dict(tok.to_dict()) too
 """
 import re
 
