@@ -94,8 +94,8 @@ def load_task(cfg):
                         "character: it needs --tokenizer=char")
     verifier_of(cfg.verifier or "exact")
     data, scorer = task_splits(cfg.task, cfg.rg)  # generated on first use
-    tok = CharTokenizer(task_alphabet(cfg.task, sum(data.values(), []))) if cfg.tokenizer == "char" \
-        else bpe.load(cfg.tokenizer)  # tiktoken's, by name
+    chars = task_alphabet(cfg.task, sum(data.values(), []))
+    tok = CharTokenizer(chars) if cfg.tokenizer == "char" else bpe.load(cfg.tokenizer)  # tiktoken's
     if cfg.n_train > len(data["train"]):
         raise UserError(f"n_train={cfg.n_train} but the train split holds {len(data['train'])} "
                         "problems")
