@@ -99,9 +99,11 @@ def load_task(cfg):
     if cfg.n_train > len(data["train"]):
         raise UserError(f"n_train={cfg.n_train} but the train split holds {len(data['train'])} "
                         "problems")
-    task = Task(tok, cfg.task, cfg.reverse, cfg.verifier or "exact", cfg.n_train,
-                labelled(data["train"], cfg.n_train), data["val"], data["test"], env=env,
-                rg=cfg.rg, scorer=scorer)  # rl.py's sft row reads n_train too
+    task = Task(tok, cfg.task, cfg.reverse, cfg.verifier or "exact", cfg.n_train, data["train"],
+                data["val"], data["test"], env=env, rg=cfg.rg, scorer=scorer)
+    if cfg.task not in TASKS:  # generated tasks are right by construction
+        task.check_data()
+    task.train = labelled(data["train"], cfg.n_train)  # rl.py's sft row reads n_train too
     prompts = [p for split in data.values() for p, _ in split]
     prompt = max(map(len, encode_prompts(tok, prompts, cfg.reverse)))
     answer = max(len(r) for _, r, *_ in task.gold_rows(task.train))
@@ -158,8 +160,9 @@ def train(cfg, model, task, data, bf16, dev, rank, world):
     (x, y, mask), target = data, cfg.target_val_accuracy
     compiled = torch.compile(model) if cfg.compile else model  # checkpoints hold the plain model
     opt = loop.adamw(model, cfg.lr, cfg.weight_decay)
-    state = loop.resume(cfg, model, opt, task.tok, rank == 0)[0] if cfg.resume else loop.State()
     run_config, window = {**asdict(cfg), **task.settings()}, [0, 0.0]  # tokens, s since a log
+    state = loop.resume(cfg, model, opt, task.tok, rank == 0, run_config)[0] if cfg.resume \
+        else loop.State()
     with loop.Clock(cfg, state, rank) as clock:
         while True:
             now = clock.tick(val=target is not None and state.step % cfg.val_interval == 0)

@@ -135,12 +135,13 @@ def task_alphabet(task, problems):
 
 
 def read_lines(path, what):
-    """[("path:n:", line)] of a UTF-8 file's non-blank lines, stripped (BOM and CRLF are fine)."""
+    """[("path:n:", line)] of a UTF-8 file's non-blank lines, stripped (BOM and CRLF are fine).
+    Lines end at "\n" only: JSON strings may hold a raw U+2028, U+2029 or U+0085."""
     try:
         text = Path(path).read_text(encoding="utf-8-sig")
     except (OSError, UnicodeDecodeError) as e:
         raise DataError(f"{path}: cannot read {what} ({e.__class__.__name__}: {e})") from None
-    out = [(f"{path}:{n}:", s.strip()) for n, s in enumerate(text.splitlines(), 1) if s.strip()]
+    out = [(f"{path}:{n}:", s.strip()) for n, s in enumerate(text.split("\n"), 1) if s.strip()]
     if not out:
         raise DataError(f"{path}: no {what} in file")
     return out
@@ -168,6 +169,8 @@ def read_jsonl(path, fields, alphabet=None, what="records"):
             if not isinstance(rec[k], typ):
                 raise DataError(f"{where} field {k!r} missing or not a "
                                 f"{'string' if typ is str else typ.__name__}")
+            if typ is str and not rec[k]:
+                raise DataError(f"{where} field {k!r} is empty")
             if typ is str:
                 check_chars(rec[k], alphabet, f"{where} field {k!r} has")
         out.append(rec)
@@ -179,11 +182,23 @@ def load_problems(path, alphabet=ALPHABET):
     out = []
     for where, line in read_lines(path, "problems"):
         check_chars(line, alphabet, where)
-        if line.count("=") != 1:
+        if line.count("=") != 1 or line.endswith("="):
             raise DataError(f"{where} expected one 'prompt=answer' problem per line, got {line!r}")
         prompt, answer = line.split("=")
         out.append((prompt + "=", answer))
     return out
+
+
+def problem_key(text):
+    """A problem's numbers and words, sorted: the same for any order and spacing ("28 + 46",
+    "46+28"), so that a split by it keeps a problem's reorderings together."""
+    return " ".join(sorted(re.findall(r"\w+", text)))
+
+
+def line_of(task, split, i):
+    """'path:n:' of problem i of your own task's split: each non-blank line holds one."""
+    path = ensure_data(task) / f"{split}.jsonl"
+    return read_lines(path if path.is_file() else path.with_suffix(".txt"), "problems")[i][0]
 
 
 def load_split(task, split, alphabet=None):

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 import torch
 
 import losses
-from data.tasks import env_of, format_prompt, load_split, parse_answer
+from data.tasks import (TASKS, DataError, env_of, format_answer, format_prompt, line_of,
+                        load_split, parse_answer, problem_key)
 from model import generate, logprobs
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError
@@ -47,6 +48,8 @@ class Task:
             check_args(name, task.env, task.env_args)
         splits, task.scorer = task_splits(name, task.rg, getattr(tok, "chars", None))
         task.train, task.val, task.test = splits.values()
+        if name not in TASKS:  # generated tasks are right by construction
+            task.check_data()
         return task
 
     @property
@@ -77,6 +80,36 @@ class Task:
         if self.scorer:  # the generator's own format: digits turned back
             return self.scorer(problem[0], parse_answer(text, self.reverse))
         return self.verifier(text, problem[1], reverse=self.reverse)
+
+    def check_data(self):
+        """Your own files' and rg: tasks' problems, as they load: every gold answer, written as the
+        model writes it, must score 1 (else one line: file:line and the verifier that takes it);
+        val or test prompts that reorder a train prompt's numbers and words get one warning."""
+        if self.env:  # an environment scores its own episodes
+            return
+        for split in ("train", "val", "test"):
+            for i, (prompt, gold) in enumerate(getattr(self, split)):
+                text = format_answer(gold, self.reverse)  # as the model writes it, then EOS
+                if self.score(self.tok.encode(text) + [self.tok.eos_id], None, (prompt, gold)) < 1:
+                    raise DataError(self.bad_gold(split, i, text))
+        train = {problem_key(p): p for p, _ in self.train}
+        near = [(p, train[problem_key(p)]) for s in (self.val, self.test) for p, _ in s
+                if problem_key(p) in train]
+        if near:
+            print(f"warning: {self.name}: {len(near)} val/test prompts have a train prompt of the "
+                  f"same numbers and words (a duplicate or reordering), e.g. {near[0][0]!r} and "
+                  f"{near[0][1]!r}", flush=True)
+
+    def bad_gold(self, split, i, text):
+        """Why gold answer i of a split scores below 1, in one line."""
+        prompt, gold = getattr(self, split)[i]
+        if self.scorer:
+            return (f"{self.name} {split}: the generator's own score_answer gives its gold answer "
+                    f"{gold!r} to {prompt!r} less than 1")
+        fits = [n for n, f in VERIFIERS.items() if f(text, gold, reverse=self.reverse) == 1]
+        return (f"{line_of(self.name, split, i)} gold answer {gold!r} scores 0 under the verifier "
+                f"{self.verifier_name!r}" + (f": use --verifier={fits[0]}" if fits else
+                                              ", and under every other"))
 
     def settings(self):
         return {"task": self.name, "reverse": self.reverse, "verifier": self.verifier_name,

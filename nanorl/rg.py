@@ -1,19 +1,22 @@
 """
 reasoning-gym tasks (`pip install -r requirements-rg.txt`), opened by a task named rg:NAME:
 
-    python sft.py --task=rg:chain_sum                     # in a config: rg = dict(max_terms=3)
+    python sft.py configs/rg_chain_sum.py                 # task = "rg:chain_sum", rg = dict(...)
     python bench/rg_table.py chain_sum                    # SFT, GRPO, the README's row
 
 The generator's questions are the prompts, verbatim; its own score_answer is the reward (partial
 credit in [0, 1]; accuracy and pass@k count a 1). reasoning-gym draws item i from seed + i, so
 two seeds give the same items shifted by one: here one pool of POOL items is drawn, duplicates
-dropped, and each distinct question goes to one split by a hash of its text, so that no val or
-test question is ever a train question.
+dropped, and each problem goes to one split by a hash of its key, so that no val or test question
+is a train question in another order or wording ("Calculate 28 + 46." in test, "What is 46 + 28?"
+in train). The key (data.tasks.problem_key) is the sorted numbers and words of the generator's own
+statement of the problem, its metadata's `expression`, which no wording changes; else of the
+question.
 """
 import dataclasses
 import hashlib
 
-from data.tasks import DataError
+from data.tasks import DataError, problem_key
 
 POOL, SEED = 40000, 1337  # items drawn for a task's splits
 HELD_OUT = {"val": 500, "test": 1000}  # at most this many distinct questions each
@@ -45,6 +48,9 @@ def splits(name, config):
         dataset = cls(config_cls(**config, seed=SEED, size=POOL))
     except (AssertionError, TypeError, ValueError) as e:
         raise DataError(f"rg:{name} config {config}: {e.__class__.__name__}: {e}") from None
+    if not isinstance(dataset[0]["answer"], str):
+        raise DataError(f"rg:{name} gives no gold answer (its answer is "
+                        f"{dataset[0]['answer']!r}): nothing to imitate or score")
     entries, out = {}, {"train": [], "val": [], "test": []}  # entries: question -> its item
     for i in range(POOL):  # in the generator's order
         entry = dataset[i]
@@ -52,7 +58,8 @@ def splits(name, config):
         if q in entries:
             continue  # a repeat: the question has its split
         entries[q] = entry
-        h = int.from_bytes(hashlib.sha256(q.encode()).digest()[:8], "little") % 40
+        key = problem_key(str(entry.get("metadata", {}).get("expression", q)))  # any order, wording
+        h = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "little") % 40
         split = "test" if h < 2 else "val" if h == 2 else "train"  # 1/20 test, 1/40 val
         if split == "train" or len(out[split]) < HELD_OUT[split]:
             out[split].append((q, entry["answer"]))

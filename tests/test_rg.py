@@ -2,6 +2,9 @@
 score_answer as the reward, partial credit included, on the answer in the generator's format;
 one-line errors; a tiny run end to end, with the char and a BPE tokenizer."""
 import json
+import os
+import re
+import runpy
 import sys
 
 import pytest
@@ -17,6 +20,7 @@ from tests.test_rl import TINY_SFT, make_run
 from tests.test_tools import fake_generate
 from tokenizer import CharTokenizer
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHAIN = dict(min_terms=2, max_terms=3, max_digits=2)
 
 
@@ -100,3 +104,29 @@ def test_an_rg_task_with_a_bpe_tokenizer(tmp_path, monkeypatch):
                         block_size=96, max_new_tokens=6, out_dir=str(out),
                         **{**TINY_SFT, "max_iters": 2, "eval_interval": 2}))
     assert torch.load(out / "ckpt.pt", weights_only=True)["tokenizer"]["kind"] == "bpe"
+
+
+def twins(question):
+    """This test's own notion of one problem, whatever the order and the wording: its numbers and its
+    operators, each sorted."""
+    return tuple(sorted(re.findall(r"\d+", question))), tuple(sorted(re.findall(r" ([-+*/]) ", question)))
+
+
+@pytest.mark.parametrize("name, config", [
+    ("basic_arithmetic", runpy.run_path(f"{ROOT}/configs/rg_basic_arithmetic.py")["rg"]),
+    ("chain_sum", runpy.run_path(f"{ROOT}/configs/rg_chain_sum.py")["rg"]),
+    ("basic_arithmetic", {**runpy.run_path(f"{ROOT}/configs/rg_basic_arithmetic.py")["rg"], "format_style": "natural"})])
+def test_no_held_out_question_is_a_train_question_in_another_order_or_wording(name, config):
+    """'Calculate 28 + 46.' in test and 'Calculate 46 + 28.' (or 'What is 28 + 46?') in train: the
+    split goes by the generator's own statement of the problem, so none is."""
+    splits, _ = rg.splits(name, config)
+    train = {twins(q) for q, _ in splits["train"]}
+    held = [twins(q) for q, _ in splits["val"] + splits["test"]]
+    assert not [t for t in held if t in train] and len(splits["test"]) > 500 and len(splits["val"]) > 250
+
+
+@pytest.mark.parametrize("name", ["boxnet", "graph_color", "propositional_logic", "rubiks_cube", "rush_hour"])
+def test_a_generator_without_gold_answers_is_refused_in_one_line(tmp_path, name):
+    with pytest.raises(DataError, match=rf"^rg:{name} gives no gold answer \(its answer is None\): nothing to "
+                                        r"imitate or score$"):
+        sft.main(sft.Config(task=f"rg:{name}", out_dir=str(tmp_path)))

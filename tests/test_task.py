@@ -3,6 +3,7 @@ through sft.py, rl.py and sample.py (docs/guides.md's guide, run for real on a t
 import itertools
 import json
 import random
+import re
 import subprocess
 import sys
 
@@ -98,6 +99,8 @@ def test_a_jsonl_task_through_sft_rl_and_sample(tmp_path):
     ('{"prompt": "a"}', r"train.jsonl:2: field 'answer' missing or not a string"),
     ('{"prompt": "a", "answer": 3}', r"train.jsonl:2: field 'answer' missing or not a string"),
     ('{"prompt": ["a"], "answer": "b"}', r"train.jsonl:2: field 'prompt' missing or not a string"),
+    ('{"prompt": "", "answer": "b"}', r"train.jsonl:2: field 'prompt' is empty"),
+    ('{"prompt": "a", "answer": ""}', r"train.jsonl:2: field 'answer' is empty"),
 ])
 def test_a_bad_jsonl_line_is_one_error_naming_file_and_line(tmp_path, line, match):
     from data.tasks import load_split
@@ -129,3 +132,74 @@ def test_block_size_and_max_new_tokens_that_do_not_fit_say_what_to_set(tmp_path)
     with pytest.raises(UserError, match=r"max_new_tokens=2 cuts .*longest answer \(4 tokens with EOS\): "
                                         r"set --max_new_tokens=4"):
         sft.main(sft.Config(block_size=16, max_new_tokens=2, **base))
+
+
+@pytest.mark.parametrize("sep", ["\u2028", "\u2029", "\x85"])
+def test_a_raw_line_separator_inside_a_json_string_is_valid_jsonl(tmp_path, sep):
+    """json.dumps(..., ensure_ascii=False) writes them raw; CRLF line ends are fine too."""
+    from data.tasks import load_split
+    task = write_jsonl(tmp_path / "sep", reverse_rows)
+    rows = [{"prompt": f"rev{sep}ab=", "answer": "ba"}, {"prompt": "rev=\nbc=", "answer": "cb"}]
+    (task / "train.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\r\n" for r in rows),
+                                      encoding="utf-8", newline="")
+    assert load_split(str(task), "train") == [(f"rev{sep}ab=", "ba"), ("rev=\nbc=", "cb")]
+
+
+def number_rows(golds):
+    """A folder whose train line 2 holds the gold answer `golds`: the rest canonical integers."""
+    return lambda split: ([{"prompt": "1+2=", "answer": "3"}, {"prompt": "2+2=", "answer": golds}]
+                          if split == "train" else [{"prompt": "3+4=", "answer": "7"}])
+
+
+@pytest.mark.parametrize("gold", ["x", " 4", "04", "+4", "4.0", "1,000"])
+def test_a_gold_answer_the_verifier_cannot_accept_stops_the_load(tmp_path, gold):
+    """The default verifier takes canonical integers: a gold answer it scores 0, written as the model
+    writes it, stops sft.py naming file:line and the verifier that takes it; with that one it trains."""
+    task = write_jsonl(tmp_path / "golds", number_rows(gold))
+    base = dict(task=str(task), out_dir=str(tmp_path / "o"), **{**TINY_SFT, "max_iters": 1, "eval_interval": 1})
+    with pytest.raises(DataError, match=rf"train.jsonl:2: gold answer {re.escape(repr(gold))} scores 0 under the "
+                                        r"verifier 'exact': use --verifier=text$"):
+        sft.main(sft.Config(**base))
+    sft.main(sft.Config(verifier="text", **base))
+
+
+def test_rl_checks_the_gold_answers_of_files_changed_after_sft(tmp_path):
+    task = write_jsonl(tmp_path / "nums", number_rows("4"))
+    out = tmp_path / "sft"
+    sft.main(sft.Config(task=str(task), out_dir=str(out), **{**TINY_SFT, "max_iters": 1, "eval_interval": 1}))
+    with open(task / "val.jsonl", "a") as f:
+        f.write(json.dumps({"prompt": "9+9=", "answer": "018"}) + "\n")
+    with pytest.raises(DataError, match=r"val.jsonl:2: gold answer '018' scores 0 under the verifier 'exact'"):
+        rl.main(rl.Config(sft_ckpt=str(out / "ckpt.pt"), out_dir=str(tmp_path / "rl"), max_iters=1))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_an_answer_keeps_its_surrounding_spaces(tmp_path, reverse):
+    """JSONL strings are taken verbatim: the gold ' ab ' is what the model must write, and the text
+    verifier gives it 1 (so the load-time check passes) whatever the digit order."""
+    from data.tasks import load_split
+    from nanorl.evaluate import Task
+    task = write_jsonl(tmp_path / "spaces", lambda split: [{"prompt": "w=", "answer": " ab "},
+                                                           {"prompt": "v=", "answer": "b a"}])
+    assert load_split(str(task), "train") == [("w=", " ab "), ("v=", "b a")]
+    out = tmp_path / "sft"
+    sft.main(sft.Config(task=str(task), reverse=reverse, verifier="text", out_dir=str(out),
+                        **{**TINY_SFT, "max_iters": 1, "eval_interval": 1}))
+    ck = load_checkpoint(str(out / "ckpt.pt"))
+    from nanorl.checkpoint import model_from_checkpoint
+    tok = model_from_checkpoint(ck, str(out / "ckpt.pt"))[1]
+    t = Task.of(ck, str(out / "ckpt.pt"), tok)
+    ids = [r for _, r in t.gold_rows(t.train)]
+    assert [t.score(r, None, p) for r, p in zip(ids, t.train)] == [1.0, 1.0]
+    assert t.score(tok.encode("ab") + [tok.eos_id], None, t.train[0]) == 0.0
+
+
+def test_val_and_test_prompts_that_reorder_a_train_prompt_get_one_warning(tmp_path, capsys):
+    """The key of rg: splits (its numbers and words, sorted) as a check on your own folder: a
+    reordering, a respacing and an exact duplicate of train prompts are counted in one warning."""
+    rows = {"train": ["3+4=", "10+2="], "val": ["4+3="], "test": ["3 + 4=", "10+2=", "5+5="]}
+    task = write_jsonl(tmp_path / "near", lambda split: [{"prompt": p, "answer": "1"} for p in rows[split]])
+    sft.main(sft.Config(task=str(task), out_dir=str(tmp_path / "o"), **{**TINY_SFT, "max_iters": 1, "eval_interval": 1}))
+    out = capsys.readouterr().out
+    assert out.count("warning:") == 1 and "3 val/test prompts have a train prompt" in out
+    assert "e.g. '4+3=' and '3+4='" in out
