@@ -143,7 +143,8 @@ def train(cfg, model, tok, pairs, run_config, rank, world):
     of pairs picks best.pt), test's per kind too at each full eval."""
     chosen, rejected, _ = pairs["train"]
     opt = loop.adamw(model, cfg.lr, cfg.weight_decay)
-    state = loop.resume(cfg, model, opt, tok, rank == 0)[0] if cfg.resume else loop.State()
+    state = loop.resume(cfg, model, opt, tok, rank == 0, run_config)[0] if cfg.resume \
+        else loop.State()
     with loop.Clock(cfg, state, rank) as clock:
         while True:
             now = clock.tick()

@@ -192,13 +192,13 @@ def collect(cfg, algo, run, gen):
         n_cut += int((~batch.finished).sum())
         if run.rm:  # the RM's score for the verifier's
             run.rm.score(batch, cfg.rm_normalize, update=True)
-        run.prompts.record(idx, batch.correct.view(-1, G))
         R = (batch.reward if run.rm else batch.returns()).view(-1, G)  # (groups, G) no shaping
         if "greedy" in algo.needs:  # ReMax: each prompt's greedy answer
             greedy = rollout(cfg, algo, run, idx, gen, 1, 0.0)
             n_tok += greedy.length.sum().item()
             R, extra = remax.baseline(batch, greedy, R, run.rm, cfg.rm_normalize, extra)
         flat = R.max(1).values == R.min(1).values  # (groups,) no signal
+        run.prompts.record(idx, flat)
         n_sampled, n_flat = n_sampled + len(idx), n_flat + int(flat.sum())
         batch = rows.take(batch, (~flat).repeat_interleave(G)) if dyn else batch
         if len(batch.ids):
@@ -407,11 +407,10 @@ def setup(cfg, algo, hp, dev, rank, world):
                     rm, teacher)
 
 
-def resume(cfg, run, rank, world):
+def resume(cfg, run, rank, run_config):
     """Continue exactly: weights, optimizer, loop state; each rank's prompt sampler, queued
     rollouts and RM statistics."""
-    run.state, ck = loop.resume(cfg, run.model, run.opt, run.task.tok, rank == 0, loss=cfg.loss,
-                                staleness=cfg.staleness, ranks=world)
+    run.state, ck = loop.resume(cfg, run.model, run.opt, run.task.tok, rank == 0, run_config)
     run.hp, rank_state = ck["hparams"], ck["ranks"][rank]
     run.prompts.load_state_dict(rank_state["sampler"])
     dev = next(run.model.parameters()).device
@@ -453,7 +452,7 @@ def main(cfg):
     cfg, run = setup(cfg, algo, hp, dev, rank, world)
     run_config = {**asdict(cfg), **run.task.settings(), "ranks": world}
     if cfg.resume:
-        resume(cfg, run, rank, world)
+        resume(cfg, run, rank, run_config)
     if rank == 0:
         print(f"hparams: {run.hp}", flush=True)
     hparams = {f"hparams/{k}": v for k, v in run.hp.items() if v is not None}

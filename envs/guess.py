@@ -34,7 +34,8 @@ class Env:
         if self.won or self.turns >= TURNS:  # a guess after the end: nothing changes
             return "", 0.0, True
         self.turns += 1
-        ok = turn is not None and turn.isascii() and turn.isdigit() and turn == str(int(turn))
+        ok = turn is not None and len(turn) <= len(str(HI)) and turn.isascii() and turn.isdigit() \
+            and turn == str(int(turn))  # int() refuses 4,300 digits: the length first
         guess = int(turn) if ok and LO <= int(turn) <= HI else None
         self.guesses.append(guess)
         if guess is None:

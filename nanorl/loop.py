@@ -152,17 +152,29 @@ def nonfinite(loss, model):
 # -------------------------------------------------------------- checkpoints
 
 
-def resume(cfg, model, opt, tok, master, **same):
+# what a resumed run may set anew: when it stops, evaluates, saves and logs, where it runs, memory
+MAY_CHANGE = {"max_iters", "max_seconds", "eval_interval", "val_interval", "ckpt_interval",
+              "log_interval", "eval_samples", "target_val_accuracy", "resume", "out_dir", "device",
+              "threads", "compile", "micro_batch_size", "sample_batch_size", "wandb",
+              "wandb_project", "wandb_run_name", "wandb_group"}
+
+
+def resume(cfg, model, opt, tok, master, run_config):
     """Load out_dir/ckpt.pt's weights and optimizer -> (its State, the checkpoint). It must
-    hold this model and tokenizer, and its config these values (same: {key: value}); rank 0
-    drops the metrics.jsonl rows logged after its step, so that none repeats."""
+    hold this model and tokenizer, and its config run_config's every value but MAY_CHANGE's (the
+    rest changes what is trained); rank 0 drops the metrics.jsonl rows logged after its step, so
+    that none repeats."""
     path = os.path.join(cfg.out_dir, "ckpt.pt")
     ck = load_checkpoint(path, hint="nothing to resume; drop --resume")
-    found = {k: ck["config"].get(k) for k in same}
-    if ck["model_args"] != asdict(model.config) or ck["tokenizer"] != tok.to_dict() \
-            or found != same:
+    if ck["model_args"] != asdict(model.config) or ck["tokenizer"] != tok.to_dict():
         raise UserError(f"{path}: cannot resume, it is not a run of this model and tokenizer "
-                        f"with {same} (it has {found}, model {ck['model_args']})")
+                        f"(it has model {ck['model_args']})")
+    was = {k: ck["config"].get(k, v) for k, v in run_config.items() if k not in MAY_CHANGE}
+    new = {k: run_config[k] for k in was if was[k] != run_config[k]}
+    if new:
+        raise UserError(f"{path}: cannot resume with " + ", ".join(f"{k}={v!r}" for k, v in
+                        new.items()) + ": the run has " + ", ".join(f"{k}={was[k]!r}" for k in new)
+                        + ", and a resumed run trains on what it did (set those, or a new out_dir)")
     model.load_state_dict(ck["model"])
     opt.load_state_dict(ck["optimizer"])
     if master:

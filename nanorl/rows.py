@@ -93,8 +93,9 @@ class PromptSampler:
                 out.append(i)
         return out
 
-    def record(self, idx, group_rewards):
-        self.saturated |= {i for i, r in zip(idx, group_rewards.tolist()) if min(r) == max(r)}
+    def record(self, idx, flat):
+        """flat (len(idx),): the groups without signal, as dynamic sampling tests it."""
+        self.saturated |= {i for i, f in zip(idx, flat.tolist()) if f}
 
     def state_dict(self):
         return {"epoch": self.epoch, "pos": self.pos, "saturated": sorted(self.saturated)}

@@ -154,10 +154,12 @@ def test_rl_resume_is_exact(sft_ckpt, tmp_path, monkeypatch, varied_reward, loss
 
 def test_resume_refuses_a_foreign_checkpoint(tmp_path, sft_ckpt):  # noqa: F811
     sft.main(sft.Config(out_dir=str(tmp_path), max_iters=2, eval_interval=2, **TINY_SFT))
-    with pytest.raises(UserError, match=r"ckpt.pt: cannot resume.*'n_layer': 1"):
+    with pytest.raises(UserError, match=r"ckpt.pt: cannot resume, it is not a run of this model.*'n_layer': 1"):
         sft.main(sft.Config(out_dir=str(tmp_path), resume=True, **{**TINY_SFT, "n_layer": 2}))
+    with pytest.raises(UserError, match=r"ckpt.pt: cannot resume with lr=0.002: the run has lr=0.001, "):
+        sft.main(sft.Config(out_dir=str(tmp_path), resume=True, **{**TINY_SFT, "lr": 2e-3}))
     rl.main(rl.Config(out_dir=str(tmp_path / "rl"), sft_ckpt=sft_ckpt, loss="grpo", **{**TINY_RL, "max_iters": 1}))
-    with pytest.raises(UserError, match="ckpt.pt: cannot resume, .*'loss': 'dapo'.*it has .*'loss': 'grpo'"):
+    with pytest.raises(UserError, match="ckpt.pt: cannot resume with loss='dapo', .*: the run has loss='grpo'"):
         rl.main(rl.Config(out_dir=str(tmp_path / "rl"), sft_ckpt=sft_ckpt, loss="dapo", resume=True, **TINY_RL))
     with pytest.raises(Exception, match="no such checkpoint.*drop --resume"):
         rl.main(rl.Config(out_dir=str(tmp_path / "none"), sft_ckpt=sft_ckpt, resume=True, **TINY_RL))
@@ -229,3 +231,48 @@ def test_a_fresh_run_keeps_the_previous_runs_metrics(tmp_path):
     first = rows(tmp_path / "metrics.jsonl")
     sft.main(sft.Config(**cfg))
     assert rows(tmp_path / "metrics.jsonl.prev") == first and rows(tmp_path / "metrics.jsonl") == first  # not appended
+
+
+@pytest.mark.parametrize("kw", [dict(temperature=0.7), dict(group_size=2), dict(overlong_window=4), dict(beta=0.1),
+                                dict(max_new_tokens=6), dict(seed=1), dict(dynamic_sampling=False), dict(lr=1e-4)])
+def test_resume_refuses_settings_that_change_what_is_trained(sft_ckpt, tmp_path, kw):  # noqa: F811
+    """Every setting but when to stop, evaluate, save and log, where to run and the memory knobs."""
+    cfg = dict(TINY_RL, sft_ckpt=sft_ckpt, loss="grpo", max_iters=1, out_dir=str(tmp_path))
+    rl.main(rl.Config(**cfg))
+    key = next(iter(kw))
+    with pytest.raises(UserError, match=rf"ckpt.pt: cannot resume with {key}=.*: the run has {key}="):
+        rl.main(rl.Config(**{**cfg, "resume": True, **kw}))
+    rl.main(rl.Config(**{**cfg, "resume": True, "max_iters": 2, "eval_interval": 1, "eval_samples": 0, "threads": 2,
+                         "micro_batch_size": 8, "ckpt_interval": 7}))  # these may change
+    assert load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == 2
+
+
+def test_resume_at_an_eval_step_evaluates_it_once(sft_ckpt, tmp_path, monkeypatch, varied_reward):  # noqa: F811
+    """Stopped by a signal in step 2 with an eval due at its end: that eval and the checkpoint are
+    written once; the resumed run's metrics rows equal the whole run's, no eval repeated."""
+    cfg = dict(TINY_RL, sft_ckpt=sft_ckpt, loss="grpo", max_iters=4, eval_interval=2, ckpt_interval=100)
+    rl.main(rl.Config(out_dir=str(tmp_path / "whole"), **cfg))
+    signal_on_call(monkeypatch, rl.loop, "optimizer_step", 2)
+    rl.main(rl.Config(out_dir=str(tmp_path / "cut"), **cfg))
+    assert load_checkpoint(str(tmp_path / "cut" / "ckpt.pt"))["step"] == 2
+    monkeypatch.undo()
+    monkeypatch.setitem(VERIFIERS, "exact", lambda text, gold, reverse=False: float(text[:1] == "1"))
+    rl.main(rl.Config(out_dir=str(tmp_path / "cut"), resume=True, **cfg))
+    got, want = rows(tmp_path / "cut" / "metrics.jsonl"), rows(tmp_path / "whole" / "metrics.jsonl")
+    assert [r["step"] for r in got if "eval/accuracy" in r] == [0, 2, 4] and got == want
+
+
+@pytest.mark.parametrize("script", ["sft", "rl"])
+def test_best_pt_holds_the_first_eval_of_the_best_val_accuracy(sft_ckpt, tmp_path, script, varied_reward):  # noqa: F811
+    """best.pt is written at an eval that beats every earlier one, strictly: on a tie the earlier
+    step keeps it. Its step and best_val against the logged evals."""
+    if script == "sft":
+        sft.main(sft.Config(out_dir=str(tmp_path), max_iters=60, eval_interval=10, **TINY_SFT))
+    else:
+        rl.main(rl.Config(out_dir=str(tmp_path), sft_ckpt=sft_ckpt, **{**TINY_RL, "max_iters": 6, "eval_interval": 1}))
+    evals = [(r["val/accuracy"], r["step"]) for r in rows(tmp_path / "metrics.jsonl") if "val/accuracy" in r]
+    best = max(v for v, _ in evals)
+    first = next(s for v, s in evals if v == best)
+    ck = load_checkpoint(str(tmp_path / "best.pt"))
+    assert (ck["step"], ck["best_val"]) == (first, best) and len(evals) >= 6
+    assert len({v for v, _ in evals}) < len(evals)  # a tie happened: the rule was tested

@@ -594,3 +594,23 @@ def test_rl_takes_the_checkpoints_max_new_tokens_and_warns_when_no_answer_ends(s
     cut = [r["rl/sampled_truncated_frac"] == 1 for r in rows if "rl/n_groups" in r]
     lines = [line for line in capsys.readouterr().out.splitlines() if "/4 |" in line]  # the step lines
     assert any(cut) and cut == ["WARNING: every rollout ran out of max_new_tokens=1" in x for x in lines]
+
+
+def test_prompt_selection_skips_the_groups_dynamic_sampling_found_flat(monkeypatch):
+    """With turn rewards, a group lost in every game whose returns differ has a signal: it is trained
+    on and not skipped on its next visit; a group whose returns are equal (its scores differ) is flat
+    for both. Selection records what the flatness test reads: the return."""
+    def fake_rollout(cfg, row, run, idx, gen, G, temperature):
+        correct = torch.tensor([0., 0, 0, 0, 1, 0, 1, 0])  # lost everywhere; mixed
+        turns = torch.tensor([[0.1], [0.2], [0.3], [0.4], [0.0], [1.0], [0.0], [1.0]])  # returns: differ; all 1
+        return rl.Rollout(torch.arange(8)[:, None], torch.zeros(8), torch.ones(8, 1), torch.zeros(8, 1),
+                          reward=correct + turns[:, 0], correct=correct, length=torch.ones(8),
+                          finished=torch.ones(8, dtype=torch.bool), turn_rewards=turns)
+
+    monkeypatch.setattr(rl, "rollout", fake_rollout)
+    cfg = rl.Config(loss="grpo", prompts_per_step=2, group_size=4, max_refills=0, max_new_tokens=8)
+    run = make_run(cfg, None, char_task(list(range(10))), selection=True)
+    batch, stats = rl.collect(cfg, L.ALGOS["grpo"], run, None)
+    idx = run.prompts.order[:2]  # the two prompts this step drew
+    assert batch.ids.flatten().tolist() == [0, 1, 2, 3] and stats["rl/zero_std_frac"] == 0.5
+    assert run.prompts.saturated == {idx[1]}
