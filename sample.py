@@ -1,10 +1,14 @@
 """Sample completions from a checkpoint, one `prompt+answer` line each (normal digit order); with
-gold answers on the lines (data/*/test.txt) or a split of the checkpoint's task, the accuracy goes
-to stderr. An environment's episode (a tool's calls, a game) shows turn by turn: the policy's
-text, then the environment's answer.
+gold answers (--answer, a file's `prompt<TAB>answer` or `prompt=answer` lines as in
+data/*/test.txt) or a split of the checkpoint's task, the accuracy goes to stderr. An
+environment's episode (a tool's calls, a game) shows turn by turn: the policy's text, then the
+environment's answer; it needs the answer (the game's secret).
 
     python sample.py --ckpt=out/sft-mul/ckpt.pt --prompts_file=data/mul/test.txt --num_samples=4
-    python sample.py --ckpt=out/rl-tool/ckpt.pt --prompt=123*456= --env_args='{"broken": true}'
+    python sample.py --ckpt=out/rl-tool/ckpt.pt --prompt=123*456= --answer=56088
+    python sample.py --ckpt=out/rl-tool/ckpt.pt --prompt=123*456= --answer=56088 \
+        --env_args='{"broken": true}'                                 # every call answered `?`
+    python sample.py --ckpt=out/rl-guess/ckpt.pt --prompt=1-100: --answer=37   # one game, secret 37
     python sample.py --ckpt=out/rl-guess/ckpt.pt --split=test --temperature=1  # 100 games
 """
 import sys
@@ -24,8 +28,9 @@ from nanorl.rows import encode_prompts, responses
 @dataclass
 class Config:
     ckpt: str = "out/sft-mul/ckpt.pt"
-    prompt: str = ""  # one prompt, e.g. "23*47="
-    prompts_file: str = ""  # one prompt per line (a trailing gold answer is allowed)
+    prompt: str = ""  # one prompt, verbatim, e.g. "23*47="
+    answer: str = ""  # --prompt's gold answer, or "": none
+    prompts_file: str = ""  # a prompt a line: `prompt<TAB>answer`, `prompt=answer` or `prompt`
     num_samples: int = 1  # per prompt
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
@@ -38,32 +43,44 @@ class Config:
 
 def read_prompts(cfg, tok, block_size):
     """[(prompt, gold or None)]; a line the model cannot take is one error naming it."""
-    if bool(cfg.prompt) + bool(cfg.prompts_file) + bool(cfg.split) != 1:
-        raise UserError("give exactly one of --prompt=..., --prompts_file=... or --split=...")
     where = cfg.prompts_file or "--prompt"
     try:
-        text = Path(cfg.prompts_file).read_text("utf-8-sig") if cfg.prompts_file else cfg.prompt
+        text = Path(cfg.prompts_file).read_text("utf-8-sig") if cfg.prompts_file else ""
     except (OSError, UnicodeDecodeError) as e:
         raise UserError(f"{where}: cannot read ({e.__class__.__name__})") from None
+    lines = [(cfg.prompt, cfg.answer)] if cfg.prompt else map(split_line, text.split("\n"))
     out = []
-    for n, line in enumerate(text.splitlines(), 1):
-        prompt, eq, gold = line.strip().partition("=")  # "23*47=1081": gold "1081"
-        if not prompt + eq:
+    for n, (prompt, gold) in enumerate(lines, 1):
+        if not prompt:
             continue
         try:
-            n_tok = len(tok.encode(prompt + eq))
+            n_tok = len(tok.encode(prompt))
         except ValueError as e:  # a character not in the vocabulary
             raise UserError(f"{where}:{n}: {e}") from None
         if n_tok + cfg.max_new_tokens > block_size:
             raise UserError(f"{where}:{n}: a prompt of {n_tok} tokens + max_new_tokens="
                             f"{cfg.max_new_tokens} does not fit the context window ({block_size})")
-        out.append((prompt + eq, gold or None))
+        out.append((prompt, gold or None))
     if not out:
         raise UserError(f"{where}: no prompts")
     return out
 
 
+def split_line(line):
+    """A prompts file's line -> (prompt, gold): `prompt<TAB>gold` verbatim (but a CR), else
+    `prompt=gold` ("23*47=1081": gold "1081") or a prompt alone, stripped."""
+    if "\t" in line:
+        prompt, _, gold = line.rstrip("\r").partition("\t")
+        return prompt, gold
+    prompt, eq, gold = line.strip().partition("=")
+    return prompt + eq, gold
+
+
 def main(cfg):
+    if bool(cfg.prompt) + bool(cfg.prompts_file) + bool(cfg.split) != 1:
+        raise UserError("give exactly one of --prompt=..., --prompts_file=... or --split=...")
+    if cfg.answer and not cfg.prompt:
+        raise UserError("--answer is --prompt's gold answer (a file's: prompt<TAB>answer lines)")
     ckpt = load_checkpoint(cfg.ckpt)
     model, tok = model_from_checkpoint(ckpt, cfg.ckpt)
     task = Task.of(ckpt, cfg.ckpt, tok, cfg.env_args)  # its reverse, verifier, environment
@@ -73,8 +90,8 @@ def main(cfg):
     problems = getattr(task, cfg.split) if cfg.split else \
         read_prompts(cfg, tok, model.config.block_size)
     if task.env and any(gold is None for _, gold in problems):
-        raise UserError(f"{task.name}'s episodes need their answers: give prompt=answer lines "
-                        "or --split")
+        raise UserError(f"{task.name}'s episodes need their answers: give --answer, "
+                        "prompt<TAB>answer lines or --split")
     gen, G, scores = torch.Generator().manual_seed(cfg.seed), cfg.num_samples, []
     for i in range(0, len(problems), cfg.batch_size):
         chunk = problems[i:i + cfg.batch_size]

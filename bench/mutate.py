@@ -14,7 +14,7 @@ tools), verify.py and sft.py: flipped signs, wrong normalisers, a removed .detac
 changed clamps and bounds, swapped hyperparameters, sample for population std.
 
 Each mutant names its own tests: test files or pytest node ids (file::test), fast ones first.
-The script copies the repo's top-level .py files, pytest.ini and the folders nanorl/, bench/,
+The script copies the repo's top-level .py files, pytest.ini, README.md and the folders nanorl/, bench/,
 data/, tests/ and configs/ to a temporary folder (the working tree is never touched). There
 it first runs, unmutated, every test the chosen mutants name (all must pass), then for each
 mutant plants the defect and runs
@@ -76,6 +76,23 @@ RG_SCORE = (RG + "test_the_generators_score_is_the_reward_partial_credit_include
 JSONL = ("tests/test_task.py::test_a_jsonl_task_through_sft_rl_and_sample",
          "tests/test_task.py::test_a_bad_jsonl_line_is_one_error_naming_file_and_line")
 TOKEN_MEAN = (T + "the_token_mean_divides_by_the_policys_tokens_by_hand",)
+TK, RE, DOC = "tests/test_task.py::test_", "tests/test_reliability.py::test_", "tests/test_docs.py::test_"
+GOLDS = (TK + "a_gold_answer_the_verifier_cannot_accept_stops_the_load",)
+RL_GOLDS = (TK + "rl_checks_the_gold_answers_of_files_changed_after_sft",)
+SPACES = (TK + "an_answer_keeps_its_surrounding_spaces",)
+NEAR = (TK + "val_and_test_prompts_that_reorder_a_train_prompt_get_one_warning",)
+SEPARATORS = (TK + "a_raw_line_separator_inside_a_json_string_is_valid_jsonl",)
+EMPTY = (TK + "a_bad_jsonl_line_is_one_error_naming_file_and_line",)
+TWINS = (RG + "test_no_held_out_question_is_a_train_question_in_another_order_or_wording",)
+NO_GOLD = (RG + "test_a_generator_without_gold_answers_is_refused_in_one_line",)
+RESUME = (RE + "resume_refuses_settings_that_change_what_is_trained",
+          E + "resume_without_the_runs_env_args_is_refused")
+EVAL_RESUME = (RE + "resume_at_an_eval_step_evaluates_it_once",)
+BEST = (RE + "best_pt_holds_the_first_eval_of_the_best_val_accuracy",)
+ROWS_REPLAY = (E + "every_row_replays_through_its_own_groups_secret",)
+RETURN = (E + "episode_return_is_the_score_plus_the_turns_rewards_by_hand",)
+SAMPLE_ANSWER = (E + "sample_plays_the_game_of_a_given_secret", DOC + "every_command_runs_on_tiny_settings")
+SELECTION = (R + "prompt_selection_skips_the_groups_dynamic_sampling_found_flat",)
 MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     # reductions, log-probs, entropy
     (LP, "x = torch.where(mask.bool(), x, 0.0)", "x = x * mask",
@@ -505,7 +522,7 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     (EP, "obs += [self.eos] if done or", "obs += [] if done or",
      "episodes: a finished episode not ended", GAME),
     (EP, "for a in answers for _ in range(G)]", "for _ in range(G) for a in answers]",
-     "episodes: a group's rows play other problems' secrets", SECRETS),
+     "episodes: a group's rows play other problems' secrets", ROWS_REPLAY + SECRETS),
     (EP, "ids, mask = ids + policy_ids + obs, mask + [1] * len(policy_ids) + [0] * len(obs)",
      "ids, mask = ids + policy_ids + obs, mask + [1] * (len(policy_ids) + len(obs))",
      "replay: a demonstration's observations are SFT targets", REPLAY),
@@ -601,13 +618,56 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "read_jsonl: ground_truth not read as the answer", JSONL),
     ("data/tasks.py", "if not isinstance(rec[k], typ):", "if rec[k] is None:",
      "read_jsonl: a non-string value taken", JSONL),
+    # correctness V (issue 42): gold answers, resume, splits, empty and raw-separator JSONL, the
+    # prompt sampler, the game's bounds, sample.py's answer; and the test gaps it closed
+    (EV, "(prompt, gold)) < 1:", "(prompt, gold)) < 0:",
+     "check_data: a gold answer the verifier rejects taken", GOLDS),
+    (EV, "            task.check_data()\n", "            pass\n",
+     "Task.of: rl.py takes files changed after SFT unchecked", RL_GOLDS),
+    (EV, "if problem_key(p) in train]", "if p in train]", "check_data: only exact duplicates warned",
+     NEAR),
+    ("data/tasks.py", 'return " ".join(sorted(re.findall(', 'return " ".join((re.findall(',
+     "problem_key: the words in their order", TWINS + NEAR),
+    ("nanorl/rg.py", 'problem_key(str(entry.get("metadata", {}).get("expression", q)))',
+     "problem_key(q)", "rg.splits: keyed by the question (rewordings leak)", TWINS),
+    ("nanorl/rg.py", 'hashlib.sha256(key.encode())', 'hashlib.sha256(q.encode())',
+     "rg.splits: split by the question's text", TWINS),
+    ("nanorl/rg.py", 'if not isinstance(dataset[0]["answer"], str):', "if False:",
+     "rg.splits: a generator without gold answers taken", NO_GOLD),
+    ("data/tasks.py", "if typ is str and not rec[k]:", "if False:",
+     "read_jsonl: an empty prompt or answer taken", EMPTY),
+    ("data/tasks.py", 'enumerate(text.split("\\n"), 1)', "enumerate(text.splitlines(), 1)",
+     "read_lines: U+2028 in a JSON string splits its line", SEPARATORS),
+    ("data/tasks.py", 'return [(r["prompt"], r["answer"]) for r in', 'return [(r["prompt"], r["answer"].strip()) for r in',
+     "load_split: JSONL answers stripped of their spaces", SPACES),
+    ("nanorl/loop.py", "if k not in MAY_CHANGE}", 'if k in ("loss", "staleness", "ranks")}',
+     "resume: only loss and staleness compared (before)", RESUME),
+    ("nanorl/loop.py", "evaluate = s != self.resumed and (full or val)", "evaluate = full or val",
+     "Clock: a resumed run evaluates its checkpoint's step again", EVAL_RESUME),
+    ("nanorl/loop.py", "best = metrics[metric] > self.state.best_val",
+     "best = metrics[metric] >= self.state.best_val", "Clock.record: best.pt moves on a tie", BEST),
+    ("nanorl/loop.py", "best = metrics[metric] > self.state.best_val", "best = True",
+     "Clock.record: best.pt at every eval", BEST),
+    (RL, "run.prompts.record(idx, flat)",
+     "run.prompts.record(idx, batch.correct.view(-1, G).std(1) == 0)",
+     "collect: selection records the final score, not the return", SELECTION),
+    (EV, '"rl/episode_return": (batch.correct + batch.turn_rewards.sum(1))',
+     '"rl/episode_return": (batch.correct + 0 * batch.turn_rewards.sum(1))',
+     "rollout_metrics: episode_return without the turns' rewards", RETURN),
+    ("envs/guess.py", "len(turn) <= len(str(HI)) and ", "",
+     "guess: a turn of 5,000 digits reaches int()", GAME),
+    ("envs/guess.py", "turn.isascii() and turn.isdigit() \\\n            and turn == str(int(turn))",
+     "turn.strip().isascii() and turn.strip().isdigit() \\\n            and turn.strip() == str(int(turn))",
+     "guess: a guess with spaces taken", GAME),
+    ("sample.py", "lines = [(cfg.prompt, cfg.answer)] if cfg.prompt", 'lines = [(cfg.prompt, "")] if cfg.prompt',
+     "sample: --answer ignored", SAMPLE_ANSWER),
 ]
 
 
 def copy_repo(dst):
-    """What the tests need, into dst: top-level .py files, pytest.ini and FOLDERS."""
+    """What the tests need, into dst: top-level .py files, pytest.ini, README.md and FOLDERS."""
     for name in os.listdir(ROOT):
-        if name.endswith(".py") or name == "pytest.ini":
+        if name.endswith(".py") or name in ("pytest.ini", "README.md"):
             shutil.copy2(os.path.join(ROOT, name), dst)
     skip = shutil.ignore_patterns("__pycache__", "*.pyc", ".hypothesis")
     for folder in FOLDERS:

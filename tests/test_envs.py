@@ -63,12 +63,19 @@ def test_the_game_by_hand():
     assert lost.score(0, None) == 0.0 and lost.envs[0].turns == 7
 
 
-def test_every_output_gets_an_answer_and_counts_a_turn():
-    """A non-number, out of range, leading zeros, unicode digits, a special token, an empty
-    turn: `?`, a turn spent, counted invalid; after the end nothing changes, never an error."""
-    env = episodes([5])
-    for t in ["abc", "0", "101", "007", "٣", "", "5 ", "-5"]:
-        assert env.envs[0].step(t) == ("?", 0.0, False) if env.envs[0].turns < 6 else True
+@pytest.mark.parametrize("turn", ["abc", "0", "101", "007", "٣", "", "5 ", " 5", "-5", "+5", "5.0", "1" * 5000])
+def test_every_output_gets_an_answer_and_counts_a_turn(turn):
+    """A non-number, out of range, leading zeros, unicode digits, whitespace, a sign, 5,000 digits
+    (past Python's int limit), an empty turn: `?`, a turn spent, counted invalid, never an error."""
+    game = guess.Env("5")
+    assert game.step(turn) == ("?", 0.0, False) and (game.turns, game.invalid) == (1, 1)
+    if set(turn) <= set(TOK.chars):  # as the sampler hands it over
+        env = episodes([5])
+        assert env.step(0, TOK.encode(turn + "|")) == (TOK.encode("?"), 0.0) and env.envs[0].invalid == 1
+
+
+def test_a_special_token_inside_a_turn_and_turns_after_the_end():
+    """A special token in a turn: `?`; after the end nothing changes."""
     env = episodes([5])
     ids = TOK.encode("1") + [TOK.pad_id] + TOK.encode("|")
     assert env.step(0, ids) == (TOK.encode("?"), 0.0) and env.envs[0].invalid == 1
@@ -277,6 +284,41 @@ def test_rollout_puts_the_turns_rewards_in_the_return(monkeypatch):
     assert b.turns.tolist() == ((b.mask == 1) & (b.ids[:, -b.mask.size(1):] == TOK.encode("|")[0])).sum(1).tolist()
 
 
+def test_episode_return_is_the_score_plus_the_turns_rewards_by_hand():
+    b = three_turns()  # final score 1, turns 0.2 + 0.3 + 0.5
+    b.turns, b.invalid = torch.tensor([3.0]), torch.tensor([0.0])
+    assert rl.rollout_metrics(b)["rl/episode_return"] == pytest.approx(2.0)
+
+
+def test_every_row_replays_through_its_own_groups_secret():
+    """rl.rollout on 4 secrets x 4 games: each row's turns, stepped through a fresh Env of its
+    group's secret, give the observations forced into it, its turn rewards, turns and score."""
+    secrets = [3, 40, 77, 99]
+    task = Task(TOK, "env:guess", False, "exact", 0, [(guess.PROMPT, str(s)) for s in secrets], env=GUESS,
+                env_args={"process_reward": True})
+    model = tiny_model(seed=3)
+    hook = biased(model, "0123456789|")
+    try:
+        cfg = rl.Config(loss="grpo", group_size=4, max_new_tokens=40, overlong_window=0)
+        b = rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, model, task), [0, 1, 2, 3],
+                       torch.Generator().manual_seed(5), 4, 1.0)
+    finally:
+        hook.remove()
+    bar = TOK.encode("|")[0]
+    for r, ids in enumerate(rl.rows.responses(b)):
+        game, act = guess.Env(str(secrets[r // 4]), process_reward=True), b.mask[r].tolist()
+        start, rewards = 0, torch.zeros_like(b.turn_rewards[r])
+        for t, tok in enumerate(ids):
+            if act[t] and tok == bar:  # the turn ends: the environment's answer follows
+                obs, rewards[t], done = game.step(TOK.decode(ids[start:t]))
+                forced = (TOK.encode(obs) + [TOK.eos_id] * done)[:len(ids) - t - 1]  # max_new_tokens cuts
+                assert ids[t + 1:t + 1 + len(forced)] == forced and not any(act[t + 1:t + 1 + len(forced)])
+                start = t + 1 + len(forced)
+        assert torch.allclose(rewards, b.turn_rewards[r]) and b.turns[r] == game.turns
+        assert b.correct[r] == game.score(None) and b.invalid[r] == game.invalid
+    assert len({tuple(x) for x in b.turn_rewards.tolist()}) > 4 and b.correct.sum() > 0
+
+
 # ---------------------------------------------------------------- no leak over several turns
 
 
@@ -374,3 +416,33 @@ def test_torchrun_plays_the_game_on_two_ranks(guess_ckpt, tmp_path):
     assert [p.returncode for p in procs] == [0, 0], outs[0][1][-2000:] + outs[1][1][-2000:]
     train = [json.loads(line) for line in open(tmp_path / "metrics.jsonl") if "rl/turns" in line]
     assert len(train) == 2 and all(r["rl/turns"] > 0 for r in train)
+
+
+def test_sample_plays_the_game_of_a_given_secret(guess_ckpt, tmp_path, capsys):
+    """--prompt is the prompt verbatim and --answer its secret; a file's lines are prompt<TAB>answer. Each
+    printed turn is the policy's guess and the answer of an Env of that secret."""
+    import sample
+    from nanorl.config import load_config
+    (tmp_path / "games.txt").write_text("1-100:\t37\n1-100:\t5\n")
+    for args, secrets in ((["--prompt=1-100:", "--answer=37"], [37]), ([f"--prompts_file={tmp_path / 'games.txt'}"], [37, 5])):
+        sample.main(load_config(sample.Config, [f"--ckpt={guess_ckpt}", *args]))
+        out = capsys.readouterr()
+        games = out.out.split("1-100:\n")[1:]
+        assert len(games) == len(secrets) and f"/{len(secrets)})" in out.err
+        for secret, game in zip(secrets, games):
+            env, lines = guess.Env(str(secret)), game.strip().split("\n")
+            for line in lines[:-1]:
+                turn, _, obs = line.strip().partition("  ")  # "50|  <"
+                assert env.step(turn.removesuffix("|"))[0] == obs
+            assert lines[-1].strip() == f"score {env.score(None)}"
+    with pytest.raises(rl.UserError, match="--answer is --prompt's gold answer"):
+        sample.main(load_config(sample.Config, [f"--ckpt={guess_ckpt}", "--split=test", "--answer=3"]))
+
+
+def test_resume_without_the_runs_env_args_is_refused(guess_ckpt, tmp_path):
+    """A process-reward run resumed without its --env_args would train on wins only."""
+    cfg = dict(TINY_RL, sft_ckpt=guess_ckpt, loss="reinforce_pp", max_iters=1, out_dir=str(tmp_path))
+    rl.main(rl.Config(**cfg))
+    with pytest.raises(rl.UserError, match=r"cannot resume with env_args=\{\}: the run has env_args=\{'process_reward': "
+                                           r"True\}, and a resumed run trains on what it did"):
+        rl.main(rl.Config(**{**cfg, "env_args": {}, "resume": True}))

@@ -533,7 +533,7 @@ def test_sample_shows_the_trace_turn_by_turn_and_can_kill_the_tool(tool_ckpt, ca
     result, then the score; every result `{?}` when the calculator is broken."""
     import sample
     for broken in (False, True):
-        sample.main(sample.Config(ckpt=tool_ckpt, prompt="123*456=56088", num_samples=8,
+        sample.main(sample.Config(ckpt=tool_ckpt, prompt="123*456=", answer="56088", num_samples=8,
                                   temperature=1.0, env_args={"broken": broken}))
         lines = capsys.readouterr().out.splitlines()
         assert sum(line == "123*456=" for line in lines) == 8
@@ -541,6 +541,6 @@ def test_sample_shows_the_trace_turn_by_turn_and_can_kill_the_tool(tool_ckpt, ca
         results = [m[1] for line in lines for m in re.finditer(r"\]  (\{[0-9?]*\})$", line)]
         assert len(results) > 8 and ({"{?}"} == set(results)) == broken
     with pytest.raises(rl.UserError, match="no argument 'python'"):
-        sample.main(sample.Config(ckpt=tool_ckpt, prompt="1*2=2", env_args={"python": 1}))
+        sample.main(sample.Config(ckpt=tool_ckpt, prompt="1*2=", answer="2", env_args={"python": 1}))
     with pytest.raises(rl.UserError, match="need their answers"):
         sample.main(sample.Config(ckpt=tool_ckpt, prompt="1*2="))
