@@ -6,6 +6,7 @@ pass@8, the mean score (partial credit) and the wall time of each stage.
     python bench/rg_table.py chain_sum                 # one task: SFT then GRPO, its row
     python bench/rg_table.py chain_sum basic_arithmetic spell_backward
     python bench/rg_table.py chain_sum --rl_args="--lr=1e-4" --skip_sft
+    python bench/rg_table.py chain_sum --sft_args="--bf16=false"   # as a CPU without bf16 would
 
 Runs write to out/sft-rg-<task>/ and out/rl-rg-<task>/, logs beside them (sft.log, rl.log).
 """
@@ -38,13 +39,14 @@ def evals(out_dir):
 
 def main(argv):
     tasks = [a for a in argv if not a.startswith("--")]
-    extra = next((shlex.split(a.split("=", 1)[1]) for a in argv if a.startswith("--rl_args=")), [])
+    extra, sft_extra = ([x for a in argv if a.startswith(f"--{k}=") for x in shlex.split(a.split("=", 1)[1])]
+                        for k in ("rl_args", "sft_args"))
     print("| task (config) | SFT held-out | GRPO held-out | Δ | pass@8 before → after | mean score | time |")
     print("|---|---|---|---|---|---|---|")
     for task in tasks:
         sft_dir, rl_dir = f"out/sft-rg-{task}", f"out/rl-rg-{task}"
         t_sft = 0.0 if "--skip_sft" in argv else \
-            run(["sft.py", f"configs/rg_{task}.py"], os.path.join(ROOT, sft_dir + "-sft.log"))
+            run(["sft.py", f"configs/rg_{task}.py", *sft_extra], os.path.join(ROOT, sft_dir + "-sft.log"))
         t_rl = run(["rl.py", f"--sft_ckpt={sft_dir}/ckpt.pt", f"--out_dir={rl_dir}", *RL_ARGS, *extra],
                    os.path.join(ROOT, rl_dir + "-rl.log"))
         e = evals(rl_dir)
