@@ -91,7 +91,7 @@ def group_advantages(rewards, kind="std", eps=1e-6):
 
 @torch.no_grad()
 def gae(rewards, values, mask, gamma, lam):
-    """GAE (Schulman et al. 2016) -> (adv, returns = A + V), (B, T) each, 0 off the mask:
+    """GAE (Schulman et al. 2016) -> (adv, the value targets A + V), (B, T) each, 0 off the mask:
     delta_t = r_t + gamma V_t' - V_t, A_t = delta_t + gamma lam A_t', t' the next masked
     position (0 after the last): unmasked ones (the environment's) are skipped, as in verl."""
     m = mask.bool()
@@ -130,6 +130,12 @@ def kl_in_reward(score, logp, ref_logp, mask, beta):
 def prefix_prob(logp):
     """(B, T) pi(y_<t | x) = exp(sum_{j<t} logp_j): 1 at the first response token."""
     return torch.exp(F.pad(logp, (1, 0))[:, :-1].cumsum(1))
+
+
+def prefix_value(head, logp):
+    """PPO's value (B, T): V_t = head(h_t) pi(y_<t | x). One wrong token zeroes an exact
+    match's return, so a prefix is worth at most the chance of having sampled it."""
+    return head * prefix_prob(logp.detach())
 
 
 def masked_var(x, mask):
@@ -195,15 +201,16 @@ def clip(logp, old_logp, adv, m, hp):
     return obj, _stats(ratio, m, low, high)
 
 
-def ppo(logp, old_logp, adv, m, hp, values, old_values, returns, entropy=None):
-    """PPO as InstructGPT: clip - vf_coef err / 2 + ent_coef entropy, err = (V - ret)^2, or
-    with vf_clip (PPO2) the larger of it and (old_V + clip(V - old_V, +-vf_clip) - ret)^2."""
+def ppo(logp, old_logp, adv, m, hp, values, old_values, value_targets, entropy=None):
+    """PPO as InstructGPT: clip - vf_coef err / 2 + ent_coef entropy, err = (V - target)^2 (GAE's
+    A + V), or with vf_clip (PPO2) the larger of it and (old_V + clip(V - old_V, +-vf_clip) -
+    target)^2."""
     obj, stats = clip(logp, old_logp, adv, m, hp)
-    old_values, returns = old_values.detach(), returns.detach()
-    err = (values - returns) ** 2  # (B, T)
+    old_values, targets = old_values.detach(), value_targets.detach()
+    err = (values - targets) ** 2  # (B, T)
     if hp["vf_clip"]:
         v_clip = old_values + (values - old_values).clamp(-hp["vf_clip"], hp["vf_clip"])
-        err = torch.maximum(err, (v_clip - returns) ** 2)
+        err = torch.maximum(err, (v_clip - targets) ** 2)
     obj = obj - hp["vf_coef"] * 0.5 * err
     if hp["ent_coef"]:
         obj = obj + hp["ent_coef"] * entropy
@@ -268,7 +275,7 @@ def pnpo(logp, old_logp, adv, m, hp):
     index among the policy's, from 1; gate 1 iff 1 - eps_low h_t <= w_t <= 1 + eps_high h_t,
     h_t = sqrt(|y_i| / t)."""
     d = (logp - old_logp).detach()  # (B, T) 0 off the mask
-    t = m.cumsum(1).clamp_min(1)  # (B, T) a tool's tokens do not count
+    t = m.cumsum(1).clamp_min(1)  # (B, T) an environment's tokens do not count
     w = torch.exp(d.cumsum(1) / t)  # (B, T)
     h = torch.sqrt(m.sum(1, keepdim=True) / t)  # (B, T)
     low, high = w < 1 - hp["eps_low"] * h, w > 1 + hp["eps_high"] * h
@@ -443,7 +450,7 @@ ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
     "sft": Algo(nll_loss, None, None, TOK, **dict(PAIRS, family="sft", data="gold")),
     "rft": Algo(nll_loss, None, None, TOK, **dict(PAIRS, family="sft", data="samples")),
 }
-INPUTS = ("values", "old_values", "returns", "entropy", "cov_mask", "group_correct",
+INPUTS = ("values", "old_values", "value_targets", "entropy", "cov_mask", "group_correct",
           "group_size", "logits", "teacher_logits")  # tensors an objective takes, not knobs
 DEFAULTS = {n: a.defaults for n, a in ALGOS.items()}
 KNOBS = {k: type(v) if v is not None else float for d in DEFAULTS.values() for k, v in d.items()

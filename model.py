@@ -193,7 +193,7 @@ def sample_next(logits, temperature, top_k, generator):
 
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.0, top_k=None,
-             generator=None, use_cache=True, env=None):
+             generator=None, use_cache=True, episodes=None):
     """G responses to each prompt (lists of token ids) -> a dict (N = len(prompts) G,
     P the longest prompt, L the longest response):
       ids            (N, P+L)  left-padded prompt, response, right padding with pad_id
@@ -201,10 +201,10 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
       action_mask    (N, P+L)  the same less the environment's tokens
       logps          (N, L)    each sampled token's log-prob under the sampling distribution
                                (temperature 0: greedy, untempered; top-k), 0 off actions
-      turn_rewards   (N, L)    with env: each turn's reward on its last token, else absent
+      turn_rewards   (N, L)    with episodes: each turn's reward on its last token, else absent
       offsets, prompt_len      (N,) left-pad count of each row; P
-    env (nanorl/episodes.py): a row that samples env.turn_end gets env.step(r, its response ids),
-    forced in next: a token a step (counted in max_new_tokens), log-prob 0."""
+    episodes (nanorl/episodes.py): an environment's games, one a row, and the sampler's two
+    hooks: its forced tokens (counted in max_new_tokens, log-prob 0) and its turns' ends."""
     was_training, device = model.training, next(model.parameters()).device
     model.eval()  # no dropout in rollouts
     B, P = len(prompts), max(len(p) for p in prompts)
@@ -219,24 +219,18 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
     logits = model(seq, offsets, cache)[:, -1]  # (B, V) one prefill per prompt for G rows
     node, node_off = torch.arange(B, device=device).repeat_interleave(G), offsets  # row -> prefix
     seq, offsets = seq.repeat_interleave(G, dim=0), offsets.repeat_interleave(G, dim=0)
-    done, toks, logps, masks = torch.zeros(B * G, dtype=torch.bool, device=device), [], [], []
-    queue, acts = {}, []  # row -> the environment's tokens it still has to take
-    rewards = torch.zeros(B * G, max_new_tokens) if env else None  # (N, max_new_tokens)
+    done = torch.zeros(B * G, dtype=torch.bool, device=device)  # (N,) ended with EOS
+    toks, logps, masks, acts = [], [], [], []  # a step's (N,) each; acts: the policy's tokens
     for t in range(max_new_tokens):
         tok, logp_all = sample_next(logits[node], temperature, top_k, generator)
         act = ~done  # (N,) the policy's own tokens
-        if queue:  # rows inside a tool's result take its next token, not a sample
-            r = torch.tensor(list(queue), device=device)
-            tok[r], act[r] = torch.tensor([q.pop(0) for q in queue.values()]).to(tok), False
-            queue = {k: q for k, q in queue.items() if q}
+        if episodes:  # a row inside an observation takes its next token instead
+            tok, act = episodes.force(tok, act)
         tok = torch.where(done, pad_id, tok)  # (N,)
         toks.append(tok), masks.append(~done), acts.append(act)
         logps.append(torch.where(act, logp_all.gather(1, tok[:, None]).squeeze(1), 0.0))
-        ends = (act & (tok == env.turn_end)).nonzero()[:, 0].tolist() if env else []
-        for r, ids in zip(ends, torch.stack(toks, 1)[ends].tolist() if ends else []):
-            obs, rewards[r, t] = env.step(r, ids)
-            if obs:  # a turn ended: the environment's answer comes next
-                queue[r] = obs
+        if episodes:  # a row that ended its turn: the environment answers
+            episodes.end_turns(toks, act)
         done = done | (tok == eos_id)
         if bool(done.all()) or t == max_new_tokens - 1:
             break
@@ -251,7 +245,9 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
     out = dict(ids=torch.cat([prompt, torch.stack(toks, 1)], 1), logps=torch.stack(logps, 1),
                response_mask=torch.cat([zeros, mask], 1), offsets=offsets, prompt_len=P,
                action_mask=torch.cat([zeros, act], 1))
-    return out if env is None else {**out, "turn_rewards": rewards[:, :len(toks)].to(device)}
+    if episodes:
+        out["turn_rewards"] = episodes.turn_rewards(len(toks)).to(device)
+    return out
 
 
 def extend(model, cache, node, node_off, tok, done):

@@ -151,7 +151,7 @@ def train(cfg, model, tok, pairs, run_config, rank, world):
             if now.evaluate and rank == 0:
                 m = {**run_eval(cfg, model, tok, pairs, "val"),
                      **(run_eval(cfg, model, tok, pairs, "test") if now.full else {})}
-                if clock.record(m, "val/mean_pair_accuracy"):
+                if clock.is_best(m, "val/mean_pair_accuracy"):
                     loop.save(cfg, "best.pt", model, opt, run_config, state, tok)
             if now.save:
                 loop.save(cfg, "ckpt.pt", model, opt, run_config, state, tok)

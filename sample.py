@@ -89,24 +89,25 @@ def main(cfg):
         raise UserError(f"split must be val or test, got {cfg.split!r}")
     problems = getattr(task, cfg.split) if cfg.split else \
         read_prompts(cfg, tok, model.config.block_size)
-    if task.env and any(gold is None for _, gold in problems):
+    if task.env_module and any(gold is None for _, gold in problems):
         raise UserError(f"{task.name}'s episodes need their answers: give --answer, "
                         "prompt<TAB>answer lines or --split")
     gen, G, scores = torch.Generator().manual_seed(cfg.seed), cfg.num_samples, []
     for i in range(0, len(problems), cfg.batch_size):
         chunk = problems[i:i + cfg.batch_size]
-        env = task.episodes(chunk, G)
+        episodes = task.episodes(chunk, G)
         out = generate(model, encode_prompts(tok, [p for p, _ in chunk], task.reverse),
                        cfg.max_new_tokens, tok.eos_id, tok.pad_id, G=G, temperature=cfg.temperature,
-                       top_k=cfg.top_k or None, generator=gen, env=env)
+                       top_k=cfg.top_k or None, generator=gen, episodes=episodes)
         acts = out["action_mask"][:, out["prompt_len"]:].tolist()
         for r, (ids, act) in enumerate(zip(responses(out), acts)):
             prompt, gold = chunk[r // G]
-            score = task.score(ids, act, chunk[r // G], env, r) if gold is not None else None
-            print(prompt + (parse_answer(tok.decode(ids), task.reverse) if not env else
+            score = task.score(ids, act, chunk[r // G], episodes, r) if gold is not None else None
+            print(prompt + (parse_answer(tok.decode(ids), task.reverse) if not episodes else
                             "".join(f"\n  {t}" for t in turns(tok, ids, act, task.reverse)) +
                             f"\n  score {score}"))
-            scores += [score] if gold is not None else []
+            if gold is not None:
+                scores.append(score)
     if scores:
         right = sum(s == 1 for s in scores)
         print(f"accuracy {right / len(scores):.4f} ({right}/{len(scores)})", file=sys.stderr)
@@ -115,10 +116,10 @@ def main(cfg):
 def turns(tok, ids, act, reverse):
     """An episode's response, a line per turn: the policy's text, then the environment's."""
     lines, cut = [], [0] + [i + 1 for i in range(len(ids) - 1) if not act[i] and act[i + 1]]
-    for a, b in zip(cut, cut[1:] + [len(ids)]):  # a turn: the policy's tokens, then the env's
+    for a, b in zip(cut, cut[1:] + [len(ids)]):  # a turn: the policy's tokens, then the answer
         k = next((i for i in range(a, b) if not act[i]), b)
-        mine, env = (format_prompt(tok.decode(ids[x:y]), reverse) for x, y in ((a, k), (k, b)))
-        lines.append(f"{mine}  {env}" if env else mine)
+        mine, answer = (format_prompt(tok.decode(ids[x:y]), reverse) for x, y in ((a, k), (k, b)))
+        lines.append(f"{mine}  {answer}" if answer else mine)
     return lines
 
 

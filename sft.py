@@ -19,6 +19,7 @@ from data.tasks import TASKS, env_of, labelled, task_alphabet
 from model import GPT, GPTConfig, seeded
 from nanorl.config import UserError, run_cli
 from nanorl.ddp import all_reduce, bf16_default
+from nanorl.episodes import check_env
 from nanorl.evaluate import Task, evaluate, task_splits, verifier_of
 from nanorl import bpe, loop
 from nanorl.loop import TrainConfig, start
@@ -85,11 +86,11 @@ def load_task(cfg):
     if TASKS.get(cfg.task, {}).get("text") and cfg.tokenizer == "char":
         raise UserError(f"task {cfg.task!r} is asked in words: it needs a BPE tokenizer "
                         "(--tokenizer=gpt2)")
-    env, gym = env_of(cfg.task), cfg.task.startswith("rg:")  # None, or the environment it plays in
-    if cfg.verifier and (env or gym) or cfg.rg and not gym:
+    env_module, gym = env_of(cfg.task), cfg.task.startswith("rg:")  # its envs/ module, or None
+    if cfg.verifier and (env_module or gym) or cfg.rg and not gym:
         raise UserError(f"task {cfg.task!r} takes no --{'verifier' if cfg.verifier else 'rg'} "
                         "(an environment or an rg: task scores its own answers)")
-    if env and cfg.tokenizer != "char":
+    if env_module and cfg.tokenizer != "char":
         raise UserError(f"task {cfg.task!r} plays in an environment whose turns end on one "
                         "character: it needs --tokenizer=char")
     verifier_of(cfg.verifier or "exact")
@@ -100,7 +101,9 @@ def load_task(cfg):
         raise UserError(f"n_train={cfg.n_train} but the train split holds {len(data['train'])} "
                         "problems")
     task = Task(tok, cfg.task, cfg.reverse, cfg.verifier or "exact", cfg.n_train, data["train"],
-                data["val"], data["test"], env=env, rg=cfg.rg, scorer=scorer)
+                data["val"], data["test"], env_module=env_module, rg=cfg.rg, scorer=scorer)
+    if env_module:  # an environment: its Env keeps the contract
+        check_env(cfg.task, env_module, {}, data["train"][0][1])
     if cfg.task not in TASKS:  # generated tasks are right by construction
         task.check_data()
     task.train = labelled(data["train"], cfg.n_train)  # rl.py's sft row reads n_train too
@@ -172,7 +175,7 @@ def train(cfg, model, task, data, bf16, dev, rank, world):
                 reached = target is not None and m["val/accuracy"] >= target
                 if now.full or reached:
                     m.update(run_eval(cfg, model, task, "test", dev, state.step))
-                if clock.record(m, "val/accuracy"):
+                if clock.is_best(m, "val/accuracy"):
                     loop.save(cfg, "best.pt", model, opt, run_config, state, task.tok)
             if now.save:
                 loop.save(cfg, "ckpt.pt", model, opt, run_config, state, task.tok)

@@ -3,7 +3,7 @@ overlong_penalty. Pure and total: garbage, unicode, nested tags, 5,000-digit num
 never an exception; numbers compare as digit strings, never via int(). An answer is
 canonical: "0", or an optional '-' then ASCII digits, no leading zero. gold is canonical, in
 normal order ("1081"). The caller passes the text the policy wrote after the environment's
-last token (a tool's result), EOS stripped (no EOS or a special inside: 0).
+last token (an observation), EOS stripped (no EOS or a special inside: 0).
 """
 import re
 

@@ -86,7 +86,8 @@ def directions(model, ref, batch, specs, cfg, G):
     mean reward each loss saw. spec: (name, loss, hp, dyn); one forward, a backward per spec."""
     T, params, mask = cfg.temperature, policy_params(model), batch.mask  # mask (N, L)
     rc = rl.Config(group_size=G, temperature=T)
-    lp, values, _ = rl.forward(model, batch, rc, L.ALGOS["ppo"])  # (N, L) each, with grad; PPO's V
+    lp, head, _ = logprobs(model, batch.ids, batch.offsets, mask, T, scalar=True)  # with grad
+    values = L.prefix_value(head, lp)  # (N, L) PPO's V
     ref_logp = None
     if any(s[2].get("beta") for s in specs):  # theta = ref: the policy's own log-probs, no forward
         ref_logp = lp.detach() if ref is model else logprobs(ref, batch.ids, batch.offsets, mask, T, max_rows=256)[0]
@@ -96,7 +97,7 @@ def directions(model, ref, batch, specs, cfg, G):
         b, row = replace(batch, values=old_values), L.ALGOS[loss]
         if row.overlong:  # DAPO's overlong shaping joins its reward
             pen = [overlong_penalty(int(n), cfg.max_new_tokens, row.overlong) for n in batch.length]
-            b.reward = batch.correct + torch.tensor(pen)
+            b.reward = batch.score + torch.tensor(pen)
         adv, extra = rl.advantages(replace(rc, loss=loss), row, hp, b, ref_logp, None)
         kw = dict(values=values) if "values" in row.needs else {}
         obj, _ = L.LOSSES[loss](lp, batch.mu, adv, mask, ref_logp, **hp, **extra, **kw)

@@ -29,11 +29,12 @@ def play(ckpt_path, G=8, temperature=1.0, seed=0):
     ckpt = load_checkpoint(ckpt_path)
     model, tok = model_from_checkpoint(ckpt, ckpt_path)
     task = Task.of(ckpt, ckpt_path, tok)
-    env = task.episodes(task.test, G)
+    episodes = task.episodes(task.test, G)
     out = generate(model.eval(), encode_prompts(tok, [p for p, _ in task.test], task.reverse),
                    ckpt["config"]["max_new_tokens"], tok.eos_id, tok.pad_id, G=G,
-                   temperature=temperature, generator=torch.Generator().manual_seed(seed), env=env)
-    return env.envs, [tok.decode(r) for r in responses(out)]
+                   temperature=temperature, generator=torch.Generator().manual_seed(seed),
+                   episodes=episodes)
+    return episodes.envs, [tok.decode(r) for r in responses(out)]
 
 
 def table_row(games):

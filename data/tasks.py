@@ -86,8 +86,7 @@ def write(path, lines):
 
 def env_of(task):
     """The environment a task names (an envs/ module: its TASKS env, or env:NAME), or None."""
-    name = TASKS[task].get("env") if task in TASKS else task.removeprefix("env:")
-    name = name if task in TASKS or task.startswith("env:") else None
+    name = TASKS.get(task, {}).get("env") or (task[4:] if task.startswith("env:") else None)
     if not name:
         return None
     try:

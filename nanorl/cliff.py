@@ -1,12 +1,26 @@
 """
 CLIFF (2025), `rl.py --loss=cliff`: a wrong answer's negative advantage starts at its first
 wrong token, found against the gold answer's tokens, so only the exact verifier with the char
-tokenizer fits it (Task.check). Its row in losses.ALGOS: advantage "first_wrong".
+tokenizer fits it (check). Its row in losses.ALGOS: advantage "first_wrong".
 """
 import torch
 
 from losses import masked_mean
+from nanorl.config import UserError
 from nanorl.rows import responses
+from tokenizer import CharTokenizer
+
+
+def check(task):
+    """CLIFF compares a response with the gold answer's tokens: only the exact verifier with the
+    char tokenizer and no environment makes them the one right answer."""
+    exact = task.verifier_name == "exact" and isinstance(task.tok, CharTokenizer)
+    if not exact or task.env_module:
+        raise UserError(f"cliff finds the first wrong token against the gold answer's tokens, "
+                        f"which only the exact verifier with the char tokenizer and no "
+                        f"environment makes unique; this checkpoint has verifier "
+                        f"{task.verifier_name!r}, a {type(task.tok).__name__}"
+                        + (f" and the environment of {task.name}" if task.env_module else ""))
 
 
 def first_wrong_token(response_ids: list[int], gold_ids: list[int]) -> int | None:

@@ -33,7 +33,7 @@ def select(model, batch, mb, adv, hp, cfg, kind, max_rows, gen, moved):
     """Minibatch mb's tokens (len(mb), L) of the row's kind, from the current policy's
     log-probs: at a rollout's first optimizer step theta = theta_old (pi_old serves), after it
     a no-grad forward."""
-    old = now = batch.old[mb]  # (len(mb), L)
+    old = now = batch.old_logp[mb]  # (len(mb), L)
     if moved:
         with torch.no_grad():
             now = logprobs(model, batch.ids[mb], batch.offsets[mb], batch.mask[mb],

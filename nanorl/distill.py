@@ -50,4 +50,4 @@ def advantages(batch, teacher_lp, bound=10.0):
     """(N, L) A_t = -clamp(log pi_old_t - log pi_T_t, +-bound), 0 off the mask. From pi_old,
     not mu: under staleness an advantage from mu would add grad KL(pi || mu), a push away from
     the sampler; pi_old is what the trainer recomputes (offpolicy.py), mu itself otherwise."""
-    return torch.where(batch.mask.bool(), -(batch.old - teacher_lp).clamp(-bound, bound), 0.0)
+    return torch.where(batch.mask.bool(), -(batch.old_logp - teacher_lp).clamp(-bound, bound), 0.0)

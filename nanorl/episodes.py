@@ -1,20 +1,19 @@
 """
 Environments in the sampler: a row's episode, opened by tasks that name one (an `envs/` file).
 
-An environment is a small class, a fresh one per episode, built from a task row's answer (the
-hidden state: a secret is in the row's answer, never in its prompt). It declares `turn_end`, the
-character that ends a policy turn, `max_turns` and `max_obs` (tokens); `step(turn)` takes the
-text of a turn (None if it held a special token) and returns (observation, reward, done), and
-`score(final)` the episode's final score, `final` being the text the policy wrote after the last
-observation (None if it never ended with EOS). Text is in normal digit order: Episodes turns it
-as the task writes it. `invalid` counts the turns it could not take.
+An environment is a class `Env` in an envs/ file, a fresh one per episode, built from a task row's
+answer (the hidden state: a secret is in the row's answer, never in its prompt) and --env_args.
+Its contract is `Env` below, checked when a task loads (check_env). Text is in normal digit
+order: Episodes turns it as the task writes it.
 
-Episodes holds the rows of one sampler call; model.generate calls `step` when a row samples the
-turn's end and forces the observation (then EOS when done) into that row, a token a decode step,
-action 0, log-prob 0; the turn's reward lands on its last action token (`turn_rewards`).
+Episodes holds the rows of one sampler call and gives model.generate its two hooks: `force` puts
+the environment's pending tokens into the rows inside an observation (action 0, log-prob 0, a
+token a decode step), and `end_turns` hands each row that sampled `turn_end` to its Env and queues
+the observation (then EOS when the episode is done); the turn's reward lands on that token.
 """
 import inspect
 import random
+from typing import Optional, Protocol
 
 import torch
 
@@ -22,26 +21,67 @@ from data.tasks import DataError, format_prompt
 from nanorl.config import UserError
 
 
-def check_args(task, env, args):
-    """A one-line error for --env_args a task's environment (None: none) does not take."""
-    if env is None:
+class Env(Protocol):
+    """One episode: what the class `Env` of an envs/ file has (envs/guess.py, envs/calculator.py)."""
+    turn_end: str  # the character that ends a policy turn
+    max_turns: int  # the episode ends after this many turns (EOS forced)
+    max_obs: int  # an observation's tokens at most (the rest is cut)
+    invalid: int  # the turns so far it could not take (eval/invalid_frac)
+
+    def step(self, turn: Optional[str]) -> tuple[str, float, bool]:
+        """A turn's text (None: it held a special token) -> (observation, reward, done)."""
+
+    def score(self, final: Optional[str]) -> float:
+        """The final score in [0, 1]; final: the policy's text after the last observation, None
+        if it never ended with EOS."""
+
+
+def check_env(task, module, args, answer):
+    """One line for a task without an environment given --env_args, --env_args its Env does not
+    take, or an Env (built from a task answer) that lacks a member of the contract."""
+    if module is None:
         raise UserError(f"--env_args: task {task!r} has no environment")
-    valid = [p for p in inspect.signature(env.Env).parameters if p != "answer"]
+    valid = [p for p in inspect.signature(module.Env).parameters if p != "answer"]
     bad = [k for k in args if k not in valid]
     if bad:
-        raise UserError(f"--env_args: {env.__name__}'s environment has no argument {bad[0]!r}; "
+        raise UserError(f"--env_args: {module.__name__}'s environment has no argument {bad[0]!r}; "
                         f"it takes {', '.join(valid) or 'none'}")
+    env = module.Env(answer, **args)
+    missing = [k for k in [*Env.__annotations__, "step", "score"] if not hasattr(env, k)]
+    if missing or len(getattr(env, "turn_end", "")) != 1:
+        raise UserError(f"{module.__name__}.Env breaks the contract of nanorl/episodes.py's Env: "
+                        + (f"it has no {missing[0]!r}" if missing else "turn_end is not one "
+                           "character"))
 
 
 class Episodes:
-    """One episode per row: G rows per answer, in the sampler's order."""
+    """One episode per row, G rows per answer in the sampler's order, and the sampler's hooks."""
 
-    def __init__(self, env, answers, G, tok, reverse, args):
-        self.envs = [env.Env(a, **args) for a in answers for _ in range(G)]
+    def __init__(self, module, answers, G, tok, reverse, args):
+        self.envs = [module.Env(a, **args) for a in answers for _ in range(G)]
         self.tok, self.reverse, self.eos = tok, reverse, tok.eos_id
-        self.turn_end = tok.encode(env.Env.turn_end)[0]
+        self.turn_end = tok.encode(module.Env.turn_end)[0]
         self.start = [0] * len(self.envs)  # where each row's current turn starts
         self.turns = [0] * len(self.envs)
+        self.queue = {}  # row -> the observation's tokens it has still to take
+        self.rewards = {}  # (row, response position) -> the reward of the turn that ended there
+
+    def force(self, tok, act):
+        """Rows inside an observation take its next token, not their sample -> (tok, act), (N,)."""
+        if self.queue:
+            r = torch.tensor(list(self.queue), device=tok.device)
+            tok[r], act[r] = torch.tensor([q.pop(0) for q in self.queue.values()]).to(tok), False
+            self.queue = {k: q for k, q in self.queue.items() if q}
+        return tok, act
+
+    def end_turns(self, toks, act):
+        """After a decode step (toks: the response's tokens so far, (N,) each): every row whose
+        own last token ends its turn takes the environment's step; its observation is queued."""
+        t, ends = len(toks) - 1, (act & (toks[-1] == self.turn_end)).nonzero()[:, 0].tolist()
+        for r, ids in zip(ends, torch.stack(toks, 1)[ends].tolist() if ends else []):
+            obs, self.rewards[r, t] = self.step(r, ids)
+            if obs:
+                self.queue[r] = obs
 
     def step(self, r, ids):
         """Row r's response ids so far end a turn -> (the ids to force, the turn's reward)."""
@@ -55,6 +95,13 @@ class Episodes:
         self.start[r] = len(ids) + len(obs)
         return obs, float(reward)
 
+    def turn_rewards(self, L):
+        """(N, L) each turn's reward on its last token, 0 elsewhere."""
+        out = torch.zeros(len(self.envs), L)
+        for (r, t), reward in self.rewards.items():
+            out[r, t] = reward
+        return out
+
     def score(self, r, final):
         """Row r's final score; final: the policy's text after the last observation, or None."""
         return float(self.envs[r].score(None if final is None else
@@ -66,29 +113,30 @@ class Episodes:
                 torch.tensor([e.invalid for e in self.envs[rows]], dtype=torch.float))
 
 
-def replay(env, answer, turns, final, tok, reverse):
+def replay(module, answer, turns, final, tok, reverse):
     """A demonstration played through a fresh episode -> (its response ids, action mask): the
     turns (normal order, each before its end) and the observations they get, then the final
     answer and EOS unless the environment ended the episode (EOS forced, action 0)."""
-    episode, ids, mask = env.Env(answer), [], []
+    env, ids, mask = module.Env(answer), [], []
     for k, turn in enumerate(turns, 1):
-        policy_ids = tok.encode(format_prompt(turn + env.Env.turn_end, reverse))
-        obs, _, done = episode.step(turn)
-        obs = tok.encode(format_prompt(obs, reverse))[:env.Env.max_obs]
-        ids, mask = ids + policy_ids + obs, mask + [1] * len(policy_ids) + [0] * len(obs)
-        if done or k >= env.Env.max_turns:
+        policy_ids = tok.encode(format_prompt(turn + env.turn_end, reverse))
+        obs, _, done = env.step(turn)
+        obs = tok.encode(format_prompt(obs, reverse))[:env.max_obs]
+        ids += policy_ids + obs
+        mask += [1] * len(policy_ids) + [0] * len(obs)
+        if done or k >= env.max_turns:
             return ids + [tok.eos_id], mask + [0]
     if final is None:
-        raise DataError(f"{env.__name__}: a demonstration ended before its episode did")
+        raise DataError(f"{module.__name__}: a demonstration ended before its episode did")
     policy_ids = tok.encode(format_prompt(final, reverse)) + [tok.eos_id]
     return ids + policy_ids, mask + [1] * len(policy_ids)
 
 
-def demo_rows(env, problems, tok, reverse, seed=0):
+def demo_rows(module, problems, tok, reverse, seed=0):
     """[(prompt, answer)] -> [(prompt ids, demonstration ids + EOS, its action mask)] (SFT)."""
     rows = []
     for i, (prompt, answer) in enumerate(problems):
-        turns, final = env.demo(prompt, answer, random.Random(f"{seed}:{i}"))
+        turns, final = module.demo(prompt, answer, random.Random(f"{seed}:{i}"))
         rows.append((tok.encode(format_prompt(prompt, reverse)),
-                     *replay(env, answer, turns, final, tok, reverse)))
+                     *replay(module, answer, turns, final, tok, reverse)))
     return rows

@@ -13,8 +13,7 @@ from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpo
 from nanorl.config import UserError
 from nanorl.rows import encode_prompts, gold_rows, responses
 from nanorl import rg
-from nanorl.episodes import Episodes, check_args, demo_rows
-from tokenizer import CharTokenizer
+from nanorl.episodes import Episodes, check_env, demo_rows
 from verify import VERIFIERS, exact_answer
 
 
@@ -30,7 +29,7 @@ class Task:
     train: list = field(default_factory=list)  # [(prompt, answer)], or the rows a loss reads
     val: list = field(default_factory=list)
     test: list = field(default_factory=list)
-    env: object = None  # data.tasks.env_of(name)
+    env_module: object = None  # the envs/ module of its episodes (data.tasks.env_of), or None
     env_args: dict = field(default_factory=dict)  # its Env's arguments (--env_args)
     rg: dict = field(default_factory=dict)  # an rg: task's generator config (nanorl/rg.py)
     scorer: object = None  # an rg: task's score(question, answer)
@@ -41,13 +40,14 @@ class Task:
         """The checkpoint's task (its own settings, never a reader's defaults), splits loaded."""
         name, reverse, vname = ckpt_settings(ckpt, path, "task", "reverse", "verifier")
         verifier_of(vname)
-        task = cls(tok, name, reverse, vname, ckpt["config"].get("n_train", 0), env=env_of(name),
-                   env_args=env_args or {}, rg=ckpt["config"].get("rg") or {},
+        task = cls(tok, name, reverse, vname, ckpt["config"].get("n_train", 0),
+                   env_module=env_of(name), env_args=env_args or {},
+                   rg=ckpt["config"].get("rg") or {},
                    max_new_tokens=ckpt["config"].get("max_new_tokens", 8))
-        if task.env or task.env_args:
-            check_args(name, task.env, task.env_args)
         splits, task.scorer = task_splits(name, task.rg, getattr(tok, "chars", None))
         task.train, task.val, task.test = splits.values()
+        if task.env_module or task.env_args:  # environments: their contract, --env_args
+            check_env(name, task.env_module, task.env_args, task.train[0][1])
         if name not in TASKS:  # generated tasks are right by construction
             task.check_data()
         return task
@@ -58,14 +58,14 @@ class Task:
 
     def episodes(self, problems, G):
         """The episodes of G rows per problem for model.generate, or None without an environment."""
-        return self.env and Episodes(self.env, [a for _, a in problems], G, self.tok, self.reverse,
-                                     self.env_args)
+        return self.env_module and Episodes(self.env_module, [a for _, a in problems], G,
+                                            self.tok, self.reverse, self.env_args)
 
     def gold_rows(self, problems):
         """[(prompt ids, gold answer ids + EOS[, its action mask])]: an environment's are its
         demonstrations played through it."""
-        if self.env:
-            return demo_rows(self.env, problems, self.tok, self.reverse)
+        if self.env_module:
+            return demo_rows(self.env_module, problems, self.tok, self.reverse)
         return gold_rows(self.tok, problems, self.reverse)
 
     def score(self, ids, act, problem, episodes=None, r=0):
@@ -85,7 +85,7 @@ class Task:
         """Your own files' and rg: tasks' problems, as they load: every gold answer, written as the
         model writes it, must score 1 (else one line: file:line and the verifier that takes it);
         val or test prompts that reorder a train prompt's numbers and words get one warning."""
-        if self.env:  # an environment scores its own episodes
+        if self.env_module:  # an environment scores its own episodes
             return
         for split in ("train", "val", "test"):
             for i, (prompt, gold) in enumerate(getattr(self, split)):
@@ -115,20 +115,11 @@ class Task:
         return {"task": self.name, "reverse": self.reverse, "verifier": self.verifier_name,
                 "n_train": self.n_train, "rg": self.rg}
 
-    def check(self, algo, max_new_tokens, block_size):
-        """Every prompt and max_new_tokens fit the model. CLIFF's first wrong token compares
-        with the gold tokens: only the exact verifier with the char tokenizer and no environment
-        fits it."""
+    def check(self, max_new_tokens, block_size):
+        """Every train prompt and max_new_tokens fit the model's context."""
         longest = max(map(len, encode_prompts(self.tok, [p for p, _ in self.train], self.reverse)))
         if longest + max_new_tokens > block_size:
             raise UserError(f"max_new_tokens={max_new_tokens} does not fit block_size={block_size}")
-        exact = self.verifier_name == "exact" and isinstance(self.tok, CharTokenizer)
-        if algo.advantage == "first_wrong" and (not exact or self.env):
-            raise UserError(f"cliff finds the first wrong token against the gold answer's "
-                            f"tokens, which only the exact verifier with the char tokenizer "
-                            f"and no environment makes unique; this checkpoint has verifier "
-                            f"{self.verifier_name!r}, a {type(self.tok).__name__}"
-                            + (f" and the environment of {self.name}" if self.env else ""))
 
 
 def task_splits(name, rg_config=None, alphabet=None):
@@ -170,20 +161,20 @@ def evaluate(model, task, split, max_new_tokens, n_samples=0, temperature=1.0, k
     n, prompts = len(problems), encode_prompts(tok, [p for p, _ in problems], task.reverse)
 
     def sample(G, temp):  # -> ([(score, completion)] problem-major, [(episodes, generate's)])
-        scored, outs, step = [], [], max(1, batch_size // G)  # prompts per call
-        for i in range(0, n, step):
-            env = task.episodes(problems[i:i + step], G)
-            out = generate(model, prompts[i:i + step], max_new_tokens, tok.eos_id, tok.pad_id, G=G,
-                           temperature=temp, generator=generator, env=env)
-            scored += score_samples(task, out, [p for p in problems[i:i + step]
-                                                for _ in range(G)], env)
-            outs.append((env, out))
+        scored, outs, per_call = [], [], max(1, batch_size // G)  # prompts per sampler call
+        for i in range(0, n, per_call):
+            episodes = task.episodes(problems[i:i + per_call], G)
+            out = generate(model, prompts[i:i + per_call], max_new_tokens, tok.eos_id, tok.pad_id,
+                           G=G, temperature=temp, generator=generator, episodes=episodes)
+            scored += score_samples(task, out, [p for p in problems[i:i + per_call]
+                                                for _ in range(G)], episodes)
+            outs.append((episodes, out))
         return scored, outs
 
     greedy, outs = sample(1, 0)
     metrics = {f"{prefix}/accuracy": sum(r == 1 for r, _ in greedy) / n, f"{prefix}/n": n,
                f"{prefix}/mean_score": sum(r for r, _ in greedy) / n,
-               **(env_metrics(outs, prefix) if task.env else {})}
+               **(env_metrics(outs, prefix) if task.env_module else {})}
     examples = [{"prompt": p, "completion": text, "reward": r}
                 for (p, _), (r, text) in zip(problems[:n_show], greedy)]
     if n_samples > 0:
@@ -215,7 +206,7 @@ def sample_kl(ref, outs, temperature, eos_id, prefix="eval"):
 def score_samples(task, out, problems, episodes=None):
     """[(score, completion in normal order)] for each row of a `generate` result and its
     problem; an episode's numbers are each turned back (format_prompt)."""
-    show = format_prompt if task.env else parse_answer
+    show = format_prompt if task.env_module else parse_answer
     acts = out["action_mask"][:, out["prompt_len"]:].tolist()
     return [(task.score(ids, act, p, episodes, r), show(task.tok.decode(ids), task.reverse))
             for r, (ids, p, act) in enumerate(zip(responses(out), problems, acts))]
@@ -237,11 +228,11 @@ def grade(tok, ids, gold, reverse, verifier=exact_answer, act=None):
     return 0.0 if text is None else verifier(text, gold, reverse=reverse)
 
 
-def env_metrics(episodes, prefix):
-    """Episodes [(Episodes, their generate result)] -> turns per episode, the share of turns
-    the environment could not take, and the share of response tokens it wrote."""
-    turns, invalid = (torch.cat(t) for t in zip(*(env.stats() for env, _ in episodes)))
-    resp, act = (sum(out[k][:, out["prompt_len"]:].sum().item() for _, out in episodes)
+def env_metrics(calls, prefix):
+    """Sampler calls [(their Episodes, generate's result)] -> turns per episode, the share of
+    turns the environment could not take, and the share of response tokens it wrote."""
+    turns, invalid = (torch.cat(t) for t in zip(*(episodes.stats() for episodes, _ in calls)))
+    resp, act = (sum(out[k][:, out["prompt_len"]:].sum().item() for _, out in calls)
                  for k in ("response_mask", "action_mask"))
     return {f"{prefix}/turns": turns.mean().item(),
             f"{prefix}/invalid_frac": invalid.sum().item() / max(1, turns.sum().item()),
@@ -265,34 +256,35 @@ def evaluate_policy(model, ref, task, cfg, gen):
     return {**m, **val}, examples
 
 
-def explained_variance(values, returns, mask):
-    """1 - Var(returns - values) / Var(returns) over the masked tokens: 1 = exact."""
-    unexplained = losses.masked_var(returns - values, mask)
-    return 1 - unexplained / losses.masked_var(returns, mask).clamp_min(1e-8)
+def explained_variance(values, targets, mask):
+    """1 - Var(targets - values) / Var(targets) over the masked tokens: 1 = exact."""
+    unexplained = losses.masked_var(targets - values, mask)
+    return 1 - unexplained / losses.masked_var(targets, mask).clamp_min(1e-8)
 
 
-def rollout_metrics(batch, ref_lp=None, returns=None, beta=None):
+def rollout_metrics(batch, ref_lp=None, value_targets=None, beta=None):
     """A rollout's rl/ diagnostics: reward, accuracy, lengths (the policy's tokens), episodes;
-    the KL to the reference when it ran; PPO's value fit (returns given); the RM's score."""
+    the KL to the reference when it ran; PPO's value fit (its targets given); the RM's score."""
     m = batch.mask
     out = {"rl/reward_mean": batch.reward.mean().item(),
-           "rl/accuracy": (batch.correct == 1).float().mean().item(),
+           "rl/accuracy": (batch.score == 1).float().mean().item(),
            "rl/resp_len": m.sum(1).float().mean().item(),
            "rl/empty_frac": (batch.length <= 1).float().mean().item(),
            "rl/truncated_frac": 1 - batch.finished.float().mean().item()}
     if ref_lp is not None:
-        out["rl/kl"] = losses.masked_mean(losses.kl_estimate(batch.old, ref_lp, "k3"), m).item()
-    if returns is not None:
-        k1 = 0.0 if ref_lp is None else losses.masked_sum(batch.old - ref_lp, m, 1).mean().item()
-        out.update({"rl/explained_variance": explained_variance(batch.values, returns, m).item(),
+        out["rl/kl"] = losses.masked_mean(losses.kl_estimate(batch.old_logp, ref_lp, "k3"), m).item()
+    if value_targets is not None:
+        k1 = 0.0 if ref_lp is None else losses.masked_sum(batch.old_logp - ref_lp, m, 1).mean().item()
+        out.update({"rl/explained_variance": explained_variance(batch.values, value_targets, m)
+                    .item(),
                     "rl/beta": beta, "rl/values_mean": losses.masked_mean(batch.values, m).item(),
-                    "rl/returns_mean": losses.masked_mean(returns, m).item(), "rl/kl_k1_seq": k1})
+                    "rl/value_target_mean": losses.masked_mean(value_targets, m).item(), "rl/kl_k1_seq": k1})
     if batch.turns is not None:  # an environment's episodes; their return: no overlong shaping
         out.update({"rl/turns": batch.turns.mean().item(),
                     "rl/invalid_frac": (batch.invalid.sum() / batch.turns.sum().clamp_min(1))
                     .item(),
                     "rl/env_token_frac": 1 - (m.sum() / batch.length.sum()).item(),
-                    "rl/episode_return": (batch.correct + batch.turn_rewards.sum(1)).mean().item()})
+                    "rl/episode_return": (batch.score + batch.turn_rewards.sum(1)).mean().item()})
     if batch.rm_reward is not None:
         out["rl/rm_reward"] = batch.rm_reward.mean().item()
     return out

@@ -5,7 +5,7 @@ own loop, top to bottom, and ask a Clock what to do at the top of each step:
     with Clock(cfg, state, rank) as clock:
         while True:
             now = clock.tick()                   # the same answer on every rank
-            if now.evaluate and rank == 0 and clock.record(evaluate(), "val/accuracy"):
+            if now.evaluate and rank == 0 and clock.is_best(evaluate(), "val/accuracy"):
                 save("best.pt")                  # the best val metric so far
             if now.save:
                 save("ckpt.pt")
@@ -256,8 +256,9 @@ class Clock:
     """One run's step counter and schedule: at the top of step s (tick), evaluate at 0, every
     eval_interval and at the end, save ckpt.pt at each eval, every ckpt_interval and on a signal,
     stop at max_iters, max_seconds or a signal; a resumed run repeats nothing its checkpoint
-    holds. It keeps the best val metric (record), times the steps (step), logs them with an
-    ETA (log), and on exit puts the signal handlers back, closes wandb and the process group."""
+    holds. It logs an eval and says whether it is the best so far (is_best), times the steps
+    (step), logs them with an ETA (log), and on exit puts the signal handlers back, closes wandb
+    and the process group."""
 
     def __init__(self, cfg, state, rank, resolved=None):
         self.cfg, self.state, self.rank = cfg, state, rank
@@ -288,8 +289,9 @@ class Clock:
         save = signalled or evaluate or s % cfg.ckpt_interval == 0 and s != self.resumed
         return Now(evaluate, full, save, signalled or s >= cfg.max_iters or out_of_time)
 
-    def record(self, metrics, metric):
-        """Log and keep an eval's metrics (rank 0) -> whether `metric` is the best so far."""
+    def is_best(self, metrics, metric):
+        """Log and keep an eval's metrics (rank 0) -> whether `metric` is the best so far
+        (strictly: on a tie the earlier eval keeps best.pt)."""
         floats = {k: v for k, v in metrics.items() if isinstance(v, float)}
         self.state.last_eval = floats
         self.state.first_eval = self.state.first_eval or floats

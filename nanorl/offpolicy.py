@@ -3,7 +3,7 @@
 Async RL trains on rollouts a sampler mu made a few updates ago, or in another precision.
 --staleness=k queues each rollout and trains step t on step t-k's (exact: every generator is
 seeded by step, so a resume replays it). Whenever mu can differ from the trainer, pi_old is
-recomputed by the trainer (Rollout.old; mu stays in .mu), the ratio is anchored at it, and
+recomputed by the trainer (Rollout.old_logp; mu stays in .mu), the ratio is anchored at it, and
 --rollout_is / --decoupled weigh each token's advantage by pi_old / mu (rollout_weights).
 """
 from dataclasses import dataclass
@@ -47,11 +47,11 @@ def check(cfg, algo):
 
 @torch.no_grad()
 def recompute(model, batch, cfg):
-    """pi_old, the trainer's log-probs of a rollout that mu sampled, into batch.old -> the gap
+    """pi_old, the trainer's log-probs of a rollout that mu sampled, into batch.old_logp -> the gap
     |sum_t (log pi_old - log mu)| per sequence, its mean and max."""
-    batch.old = logprobs(model, batch.ids, batch.offsets, batch.mask, cfg.temperature,
+    batch.old_logp = logprobs(model, batch.ids, batch.offsets, batch.mask, cfg.temperature,
                          max_rows=cfg.micro_batch_size)[0]
-    gap = losses.masked_sum(batch.old - batch.mu, batch.mask, 1).abs()  # (N,)
+    gap = losses.masked_sum(batch.old_logp - batch.mu, batch.mask, 1).abs()  # (N,)
     return {"rl/old_mu_seq_mean": gap.mean().item(), "rl/old_mu_seq_max": gap.max().item()}
 
 
@@ -83,7 +83,7 @@ def weigh(adv, batch, cfg, algo):
     """The advantages times the weights of --rollout_is or --decoupled -> (adv, stats); a
     sequence-ratio row takes seq_tis's one weight per row."""
     kind = "decoupled" if cfg.decoupled else cfg.rollout_is
-    w, cut = rollout_weights(batch.old, batch.mu, batch.mask, kind)
+    w, cut = rollout_weights(batch.old_logp, batch.mu, batch.mask, kind)
     if algo.ratio == "sequence":
         adv = adv * w[:, 0]  # (B,)
     else:

@@ -201,7 +201,7 @@ def data(cfg, algo, task):
     if algo.data == "gold":
         return labelled(task.train, task.n_train)
     if offline(cfg, algo):
-        if task.env:
+        if task.env_module:
             raise UserError(f"{task.name}'s answers are episodes, its pairs files have none: "
                             "use --pairs=online")
         kind = "kto" if algo.data == "labels" else "pairs"  # the files: pairs_*, kto_*.jsonl
@@ -236,7 +236,7 @@ def rollout_rows(batch, algo, G):
     """A rollout -> (rows, labels): rft keeps the verified-correct samples; a pair row takes one
     (correct, wrong) pair per group (every group holds both): chosen rows, then rejected rows,
     and KTO's labels mark the correct half desirable."""
-    correct = batch.correct.view(-1, G).cpu()  # (groups, G)
+    correct = batch.score.view(-1, G).cpu()  # (groups, G)
     if algo.data == "samples":
         picked = correct.flatten().nonzero().flatten().tolist()
     else:

@@ -83,7 +83,7 @@ class RewardModel:
         if normalize and update:
             self.update(raw)
         score = self.normalize(raw) if normalize else raw
-        batch.rm_reward, batch.reward = raw, score + batch.reward - batch.correct
+        batch.rm_reward, batch.reward = raw, score + batch.reward - batch.score
 
     def update(self, x):
         n, mean = x.numel(), x.mean().item()

@@ -67,7 +67,7 @@ def cat(parts):
 
 
 def take(record, rows):
-    """The record of these rows (a bool mask (N,) or indices) of record b."""
+    """The record of these rows (a bool mask (N,) or indices) of a record."""
     return type(record)(**{k: None if v is None else v[rows] for k, v in vars(record).items()})
 
 

@@ -17,7 +17,7 @@ def _batch(reward, lengths, logps=None, **kw):
     mask = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])  # (N, T) the response tokens
     lp = torch.zeros(mask.shape) if logps is None else logps
     return rl.Rollout(torch.zeros(len(lengths), P + T, dtype=torch.long), torch.zeros(len(lengths)), mask, lp,
-                      reward=torch.tensor(reward), old=lp, **kw)
+                      reward=torch.tensor(reward), old_logp=lp, **kw)
 
 
 def advantages(loss, G, batch, hp, ref_logp):
@@ -54,7 +54,7 @@ def test_group_advantage_kind_of_each_loss(loss, kind, first_group):
     """Each loss gets its paper's advantage, per group of G = 3 (not over the batch); an all-equal group
     gets exactly 0. GAPO also gets each row's group count of correct answers and G."""
     correct = torch.tensor([1, 0, 0, 0, 1, 1, 0, 0, 0])
-    batch = _batch(REWARDS, [4, 2, 3] * 3, correct=correct)
+    batch = _batch(REWARDS, [4, 2, 3] * 3, score=correct)
     adv, extra = advantages(loss, 3, batch, L.resolve_hparams(loss), None)
     assert adv.shape == (9,)
     assert adv.tolist() == pytest.approx(_by_kind(REWARDS, 3, kind), abs=1e-5)
@@ -103,7 +103,7 @@ def test_cliff_token_advantages():
     """CLIFF's (N, T) token advantages from the binary rewards, each wrong answer's first wrong token and the
     response mask (the slice after the prompt): zero at padding."""
     rewards, first_wrong, lengths = [1, 0, 0, 0, 0, 1], [-1, 1, 0, 2, -1, -1], [3, 4, 2, 4, 1, 2]
-    batch = _batch([float(r) for r in rewards], lengths, correct=torch.tensor(rewards),
+    batch = _batch([float(r) for r in rewards], lengths, score=torch.tensor(rewards),
                    first_wrong=torch.tensor(first_wrong))
     adv, extra = advantages("cliff", 3, batch, L.resolve_hparams("cliff"), None)
     want = _cliff_by_hand(rewards, first_wrong, lengths, 3)
@@ -143,7 +143,7 @@ def test_ppo_token_rewards_gae_and_whitening(beta, gamma, lam, with_ref):
     ref_logp = _pad(ref, -3.0) if with_ref else None
     got, extra = advantages("ppo", 3, batch, hp, ref_logp)
     torch.testing.assert_close(got, _pad(white, 0.0), atol=1e-5, rtol=0)
-    torch.testing.assert_close(extra["returns"], _pad(ret, 0.0), atol=1e-6, rtol=0)
+    torch.testing.assert_close(extra["value_targets"], _pad(ret, 0.0), atol=1e-6, rtol=0)
     assert extra["old_values"] is batch.values
 
 

@@ -138,10 +138,10 @@ def tiny_model(seed=0, values=False):
 
 
 def sample(model, secrets, G=4, seed=0, use_cache=True, max_new_tokens=40, **args):
-    env = episodes(secrets, G, **args)
+    games = episodes(secrets, G, **args)
     out = generate(model, [PROMPT] * len(secrets), max_new_tokens, TOK.eos_id, TOK.pad_id, G=G,
-                   generator=torch.Generator().manual_seed(seed), use_cache=use_cache, env=env)
-    return out, env
+                   generator=torch.Generator().manual_seed(seed), use_cache=use_cache, episodes=games)
+    return out, games
 
 
 def biased(model, text):
@@ -244,7 +244,7 @@ def test_token_rows_see_every_turns_reward_at_its_position_across_the_gaps():
         nxt_a = r[t] + g * nxt_v - v[t] + g * lam * nxt_a
         a[t], nxt_v = nxt_a, v[t]
     raw = torch.tensor([[a[0], 0, a[1], a[2], 0, a[3], 0]])
-    torch.testing.assert_close(extra["returns"], torch.where(b.mask.bool(), raw + b.values, 0.0))
+    torch.testing.assert_close(extra["value_targets"], torch.where(b.mask.bool(), raw + b.values, 0.0))
     torch.testing.assert_close(adv, L.whiten(raw, b.mask))
     adv, _ = rl.token_advantages("rpp", L.resolve_hparams("reinforce_pp", beta=0.0), b, b.reward, None, 1)
     togo = torch.tensor([[2.0, 0, 1.8, 1.8, 0, 1.5, 0]])  # 0.2 + 0.3 + 1.5, ...
@@ -259,13 +259,13 @@ def test_sequence_rows_use_the_episode_return():
     adv, _ = rl.advantages(rl.Config(loss="grpo", group_size=2), L.ALGOS["grpo"],
                            L.resolve_hparams("grpo"), two, None, None)
     torch.testing.assert_close(adv, torch.tensor([1.0, -1.0]), atol=1e-5, rtol=0)
-    assert b.returns().tolist() == [pytest.approx(2.0)]
+    assert b.episode_return().tolist() == [pytest.approx(2.0)]
 
 
 def test_rollout_puts_the_turns_rewards_in_the_return(monkeypatch):
     """rl.rollout on the game with process rewards: reward = the win + the turns' rewards, their
     sum at most 1 + 1; binary rows refuse an environment that pays every turn."""
-    task = Task(TOK, "env:guess", False, "exact", 0, load_split("env:guess", "test"), env=GUESS,
+    task = Task(TOK, "env:guess", False, "exact", 0, load_split("env:guess", "test"), env_module=GUESS,
                 env_args={"process_reward": True})
     model = tiny_model()
     hook = biased(model, "0123456789|")
@@ -279,7 +279,7 @@ def test_rollout_puts_the_turns_rewards_in_the_return(monkeypatch):
                        torch.Generator().manual_seed(0), 4, 1.0)
     finally:
         hook.remove()
-    torch.testing.assert_close(b.reward, b.correct + b.turn_rewards.sum(1))
+    torch.testing.assert_close(b.reward, b.score + b.turn_rewards.sum(1))
     assert (b.turn_rewards.sum(1) <= 1 + 1e-6).all() and (b.turn_rewards > 0).any()
     assert b.turns.tolist() == ((b.mask == 1) & (b.ids[:, -b.mask.size(1):] == TOK.encode("|")[0])).sum(1).tolist()
 
@@ -294,7 +294,7 @@ def test_every_row_replays_through_its_own_groups_secret():
     """rl.rollout on 4 secrets x 4 games: each row's turns, stepped through a fresh Env of its
     group's secret, give the observations forced into it, its turn rewards, turns and score."""
     secrets = [3, 40, 77, 99]
-    task = Task(TOK, "env:guess", False, "exact", 0, [(guess.PROMPT, str(s)) for s in secrets], env=GUESS,
+    task = Task(TOK, "env:guess", False, "exact", 0, [(guess.PROMPT, str(s)) for s in secrets], env_module=GUESS,
                 env_args={"process_reward": True})
     model = tiny_model(seed=3)
     hook = biased(model, "0123456789|")
@@ -315,8 +315,8 @@ def test_every_row_replays_through_its_own_groups_secret():
                 assert ids[t + 1:t + 1 + len(forced)] == forced and not any(act[t + 1:t + 1 + len(forced)])
                 start = t + 1 + len(forced)
         assert torch.allclose(rewards, b.turn_rewards[r]) and b.turns[r] == game.turns
-        assert b.correct[r] == game.score(None) and b.invalid[r] == game.invalid
-    assert len({tuple(x) for x in b.turn_rewards.tolist()}) > 4 and b.correct.sum() > 0
+        assert b.score[r] == game.score(None) and b.invalid[r] == game.invalid
+    assert len({tuple(x) for x in b.turn_rewards.tolist()}) > 4 and b.score.sum() > 0
 
 
 # ---------------------------------------------------------------- no leak over several turns
@@ -350,10 +350,10 @@ def test_observation_logits_of_every_turn_never_reach_a_loss_or_its_gradient(nam
     unchanged (tests/test_tools.py's leak test, on games)."""
     b = copy.deepcopy(game_rollout())
     if L.ALGOS[name].data == "samples":  # rft: the correct rows
-        b.correct = (b.correct == 1).float()
+        b.score = (b.score == 1).float()
     if L.ALGOS[name].binary:  # 0/1 rewards only
-        b.turn_rewards, b.reward = torch.zeros_like(b.turn_rewards), b.correct.clone()
-    gold = Task(TOK, "env:guess", False, "exact", 0, env=GUESS).gold_rows(load_split("env:guess", "test")[:8])
+        b.turn_rewards, b.reward = torch.zeros_like(b.turn_rewards), b.score.clone()
+    gold = Task(TOK, "env:guess", False, "exact", 0, env_module=GUESS).gold_rows(load_split("env:guess", "test")[:8])
     assert_no_leak(name, b, monkeypatch, model_fn=tiny_model, gold=gold)
 
 
@@ -361,7 +361,7 @@ def test_observation_logits_of_every_turn_never_reach_a_loss_or_its_gradient(nam
 def test_the_game_leak_test_fails_when_the_action_mask_is_ignored(name, monkeypatch):
     b = copy.deepcopy(game_rollout())
     b.mask = (torch.arange(b.mask.size(1)) < b.length[:, None]).long()  # (N, L) every token
-    gold = Task(TOK, "env:guess", False, "exact", 0, env=GUESS).gold_rows(load_split("env:guess", "test")[:8])
+    gold = Task(TOK, "env:guess", False, "exact", 0, env_module=GUESS).gold_rows(load_split("env:guess", "test")[:8])
     with pytest.raises(AssertionError):
         assert_no_leak(name, b, monkeypatch, model_fn=tiny_model, gold=gold)
 
@@ -446,3 +446,36 @@ def test_resume_without_the_runs_env_args_is_refused(guess_ckpt, tmp_path):
     with pytest.raises(rl.UserError, match=r"cannot resume with env_args=\{\}: the run has env_args=\{'process_reward': "
                                            r"True\}, and a resumed run trains on what it did"):
         rl.main(rl.Config(**{**cfg, "env_args": {}, "resume": True}))
+
+
+class NoInvalid:
+    """An Env without `invalid`: the contract (nanorl/episodes.py's Env) says it must count them."""
+    turn_end, max_turns, max_obs = "|", 3, 2
+
+    def __init__(self, answer):
+        pass
+
+    def step(self, turn):
+        return "<", 0.0, False
+
+    def score(self, final):
+        return 0.0
+
+
+def test_an_environment_that_breaks_the_contract_stops_the_load_in_one_line(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+    from nanorl.episodes import check_env
+    broken = SimpleNamespace(__name__="envs.broken", Env=NoInvalid)
+    with pytest.raises(rl.UserError, match=r"^envs.broken.Env breaks the contract of nanorl/episodes.py's Env: "
+                                           r"it has no 'invalid'$"):
+        check_env("env:broken", broken, {}, "1")
+    monkeypatch.setattr(NoInvalid, "invalid", 0, raising=False)
+    monkeypatch.setattr(NoInvalid, "turn_end", "||")
+    with pytest.raises(rl.UserError, match="turn_end is not one character"):
+        check_env("env:broken", broken, {}, "1")
+    monkeypatch.setattr(NoInvalid, "turn_end", "|")
+    check_env("env:broken", broken, {}, "1")
+    monkeypatch.setattr(sft, "env_of", lambda task: broken if task == "env:guess" else None)
+    monkeypatch.delattr(NoInvalid, "invalid")
+    with pytest.raises(rl.UserError, match="it has no 'invalid'"):
+        sft.main(sft.Config(out_dir=str(tmp_path), **{**TINY_GUESS, "max_iters": 1}))

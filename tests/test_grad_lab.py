@@ -82,7 +82,7 @@ def test_j_is_the_monte_carlo_mean_reward(tiny):
     model, tok = tiny
     c = cfg(samples=len(PROBLEMS) * 64, group_size=64)  # every batch: each prompt once, 64 samples
     J = lab.exact_objective(model, tok, PROBLEMS, False)[0]
-    per_prompt = torch.stack([lab.rollout_batch(model, task_of(tok), c, 64, k, False).correct
+    per_prompt = torch.stack([lab.rollout_batch(model, task_of(tok), c, 64, k, False).score
                               .view(-1, 64).mean(1) for k in range(20)]).mean(0)  # (4,) sorted?
     mc = per_prompt.mean().item()
     se = math.sqrt(sum(p * (1 - p) for p in per_prompt.tolist()) / (20 * 64)) / len(PROBLEMS)

@@ -22,7 +22,7 @@ REF = torch.tensor([[-1.2, -0.6, -1.9], [-0.4, -1.1, 0.0]])
 MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
 ADV = torch.tensor([1.0, -1.0])
 DAPO_GRAD = [[-0.221034, -0.180967, -0.221034], [0.244281, 0.163746, 0]]
-INPUTS = {"ref_logp", "n_tokens", "n_seqs", "values", "old_values", "returns", "entropy", "group_correct",
+INPUTS = {"ref_logp", "n_tokens", "n_seqs", "values", "old_values", "value_targets", "entropy", "group_correct",
           "group_size", "cov_mask"}
 ON_LOGP = sorted(set(LOSSES) - {"gkd"})  # gkd's gradient flows through logits (B, T, V): test_offpolicy.py
 
@@ -53,7 +53,7 @@ def _extra(name, B, T, rows=slice(None)):
     if name == "gapo":
         return dict(group_correct=torch.tensor([1, 2] * (B // 2))[rows], group_size=4)
     if name == "ppo":  # a zero value error: the policy part alone is compared
-        return dict(values=torch.zeros(B, T)[rows], old_values=torch.zeros(B, T)[rows], returns=torch.zeros(B, T)[rows])
+        return dict(values=torch.zeros(B, T)[rows], old_values=torch.zeros(B, T)[rows], value_targets=torch.zeros(B, T)[rows])
     if name in ("clip_cov", "kl_cov"):  # the first token of rows 0, 3, ... singled out
         return dict(cov_mask=((torch.arange(B)[:, None] % 3 == 0) & (torch.arange(T) == 0))[rows])
     return {}
@@ -377,7 +377,7 @@ def test_micro_batch_divides_by_the_global_count(name, per_seq, count):
     adv = torch.tensor([1.0, -2.0])
     logp = torch.tensor([[-0.3, -1.1, -0.2, 0.0], [-0.8, 0.0, 0.0, 0.0]], requires_grad=True)
     zeros = torch.zeros(2, 4)
-    extra = {"ppo": dict(values=zeros, old_values=zeros, returns=zeros), "dr_grpo": dict(max_new_tokens=4),
+    extra = {"ppo": dict(values=zeros, old_values=zeros, value_targets=zeros), "dr_grpo": dict(max_new_tokens=4),
              "gapo": dict(group_correct=[1, 2], group_size=4), "clip_cov": dict(cov_mask=zeros.bool()),
              "kl_cov": dict(cov_mask=zeros.bool())}.get(name, {})
     a = adv[:, None].expand(2, 4).clone() if name == "cliff" else adv
@@ -542,7 +542,7 @@ def test_ppo_policy_part_is_token_mean_clipping():
     the batch: dapo's loss with symmetric eps 0.2 on the reference tensors."""
     a, b = torch.tensor(LOGP, requires_grad=True), torch.tensor(LOGP, requires_grad=True)
     zeros = torch.zeros(2, 3)
-    la, sa = call_loss("ppo", a, OLD, ADV, MASK, vf_coef=0.0, values=zeros, old_values=zeros, returns=zeros + 5)
+    la, sa = call_loss("ppo", a, OLD, ADV, MASK, vf_coef=0.0, values=zeros, old_values=zeros, value_targets=zeros + 5)
     lb, _ = call_loss("dapo", b, OLD, ADV, MASK, eps_high=0.2)
     la.backward()
     lb.backward()
@@ -559,13 +559,13 @@ def test_ppo_value_loss_with_clipping():
     v = torch.tensor([[1.0, 0.2, 0.9]], requires_grad=True)
     old_v, ret = torch.tensor([[0.5, 0.5, 0.5]]), torch.tensor([[0.0, 1.0, 1.0]])
     logp = torch.zeros(1, 3)
-    loss, st = call_loss("ppo", logp, logp, torch.zeros(1), torch.ones(1, 3), values=v, old_values=old_v, returns=ret,
+    loss, st = call_loss("ppo", logp, logp, torch.zeros(1), torch.ones(1, 3), values=v, old_values=old_v, value_targets=ret,
                          vf_coef=1.0, vf_clip=0.2)
     assert float(st["value_loss"]) == pytest.approx(0.288333, abs=1e-6) and loss.item() == pytest.approx(0.288333, abs=1e-6)
     loss.backward()
     torch.testing.assert_close(v.grad, torch.tensor([[1.0, -0.8, 0.0]]) / 3)
     v2 = v.detach().clone().requires_grad_(True)
-    loss, st = call_loss("ppo", logp, logp, torch.zeros(1), torch.ones(1, 3), values=v2, old_values=old_v, returns=ret,
+    loss, st = call_loss("ppo", logp, logp, torch.zeros(1), torch.ones(1, 3), values=v2, old_values=old_v, value_targets=ret,
                          vf_coef=1.0, vf_clip=0)  # 0 = no value clipping
     assert float(st["value_loss"]) == pytest.approx((0.5 + 0.32 + 0.005) / 3, abs=1e-6)
 
@@ -777,7 +777,7 @@ def test_ppo_every_term_by_hand(vf_clip):
     logp.requires_grad_(True)
     values, entropy = _pad(V, 4.0).requires_grad_(True), _pad(H, 7.0).requires_grad_(True)
     adv, old_values, returns = (_pad(x, 3.0).requires_grad_(True) for x in (TADV2, V_OLD, RET))
-    loss, stats = call_loss("ppo", logp, old, adv, mask, values=values, old_values=old_values, returns=returns,
+    loss, stats = call_loss("ppo", logp, old, adv, mask, values=values, old_values=old_values, value_targets=returns,
                             entropy=entropy, vf_coef=vf_coef, vf_clip=vf_clip, ent_coef=ent_coef)
     loss.backward()
     assert loss.item() == pytest.approx(want, abs=1e-6)

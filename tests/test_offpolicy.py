@@ -49,7 +49,7 @@ def test_teacher_advantage_and_opd_by_hand():
     from types import SimpleNamespace
     mu = torch.tensor([[-1.0, -13.0, -0.5], [-2.0, -0.1, 0.0]])
     teacher = torch.tensor([[-1.5, -1.0, -3.5], [-2.0, -0.3, -5.0]])
-    adv = distill.advantages(SimpleNamespace(old=mu, mask=MASK), teacher)
+    adv = distill.advantages(SimpleNamespace(old_logp=mu, mask=MASK), teacher)
     torch.testing.assert_close(adv, torch.tensor([[-0.5, 10.0, -3.0], [0.0, -0.2, 0.0]]))
     logp = mu.clone().requires_grad_(True)
     loss, stats = L.LOSSES["opd"](logp, mu, adv, MASK, n_tokens=10)
@@ -58,7 +58,7 @@ def test_teacher_advantage_and_opd_by_hand():
     torch.testing.assert_close(logp.grad, -adv / 10)
     logp = torch.tensor([[-1.0 + math.log(2), -13.0, -0.5], [-2.0, -0.1, 0.0]])  # ratio 2 on token 0
     assert L.LOSSES["opd"](logp, mu, adv, MASK)[0].item() == pytest.approx(-(2 * -0.5 + 10 - 3 - 0.2) / 5)
-    zero = distill.advantages(SimpleNamespace(old=mu, mask=MASK), mu)  # the teacher is pi_old: no credit
+    zero = distill.advantages(SimpleNamespace(old_logp=mu, mask=MASK), mu)  # the teacher is pi_old: no credit
     logp = mu.clone().requires_grad_(True)
     loss, _ = L.LOSSES["opd"](logp, mu, zero, MASK)
     loss.backward()
@@ -135,7 +135,7 @@ def test_stale_batch_trains_from_the_recomputed_pi_old_and_weighs_by_pi_old_over
     model, batch = tiny_batch()
     mu = batch.mu.clone()
     mu[0, 0] -= math.log(3)
-    _, stats = one_update("grpo", model, replace(batch, mu=mu, old=mu), staleness=1, rollout_is="tis")
+    _, stats = one_update("grpo", model, replace(batch, mu=mu, old_logp=mu), staleness=1, rollout_is="tis")
     n = batch.mask.sum().item()
     assert stats["rl/ratio_max"] == pytest.approx(1, abs=1e-5)
     assert stats["rl/old_mu_seq_max"] == pytest.approx(math.log(3), abs=1e-4)
@@ -157,7 +157,7 @@ def test_the_weight_multiplies_the_update(loss, fix, scale):
     model, batch = tiny_batch()
     _, base = one_update(loss, model, batch)
     mu = torch.where(batch.mask.bool(), batch.mu - math.log(10), 0.0)  # (N, L)
-    stale = replace(batch, mu=mu, old=mu)
+    stale = replace(batch, mu=mu, old_logp=mu)
     _, stats = one_update(loss, model, stale, staleness=1, **fix)
     assert base["rl/grad_norm"] > 1e-3 and stats["rl/ratio_max"] == pytest.approx(1, abs=1e-5)
     assert stats["rl/grad_norm"] == pytest.approx(scale * base["rl/grad_norm"], rel=1e-4, abs=1e-6)
@@ -184,7 +184,7 @@ def test_opd_builds_its_advantage_from_the_recomputed_pi_old_not_from_mu():
     policy away from the sampler."""
     model, batch = tiny_batch()
     mu = torch.where(batch.mask.bool(), batch.mu - math.log(3), 0.0)  # (N, L)
-    stale = replace(batch, mu=mu, old=mu)
+    stale = replace(batch, mu=mu, old_logp=mu)
     for kw in (dict(staleness=1), dict(sampler_bf16=True), dict(staleness=1, ppo_epochs=2)):
         _, stats = one_update("opd", model, stale, teacher=model, **kw)
         assert abs(stats["rl/loss"]) < 1e-6 and stats["rl/grad_norm"] < 1e-5, kw
@@ -385,7 +385,7 @@ def test_logp_mismatch_reads_only_the_policys_tokens():
     junk = torch.where(batch.mask.bool(), batch.mu, 5.0)  # (N, L)
     assert (batch.mask == 0).any()
     _, want = one_update("grpo", model, batch)
-    _, stats = one_update("grpo", model, replace(batch, mu=junk, old=junk))
+    _, stats = one_update("grpo", model, replace(batch, mu=junk, old_logp=junk))
     assert stats["rl/logp_mismatch"] < 1e-5 and stats["rl/logp_mismatch_mean"] < 1e-6
     assert stats["rl/grad_norm"] == pytest.approx(want["rl/grad_norm"], rel=1e-6)
 
@@ -394,7 +394,7 @@ def test_a_bf16_run_trains_from_the_trainers_pi_old():
     """--bf16 (CUDA's default): the sampler's bf16 numerics (KV cache, one token a step) differ
     from the trainer's, so pi_old is recomputed and the first ratio is exactly 1."""
     model, batch = tiny_batch()
-    batch.mu = batch.old = batch.mu - 0.01 * (batch.mask > 0)  # the sampler's bf16 gap
+    batch.mu = batch.old_logp = batch.mu - 0.01 * (batch.mask > 0)  # the sampler's bf16 gap
     with torch.autocast("cpu", torch.bfloat16):
         _, stats = one_update("grpo", model, batch, bf16=True, beta=0.0)
     assert stats["rl/old_mu_seq_mean"] > 0.01 and stats["rl/ratio_max"] == 1.0

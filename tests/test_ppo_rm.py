@@ -11,7 +11,7 @@ import reward_model
 import rl
 from nanorl.config import UserError
 from nanorl.checkpoint import load_checkpoint, save_checkpoint
-from model import GPT, GPTConfig
+from model import GPT, GPTConfig, logprobs
 from tokenizer import CharTokenizer
 
 from test_rl import run, sft_ckpt, varied_reward  # noqa: F401 (fixtures)
@@ -62,7 +62,7 @@ def test_only_ppo_trains_a_value_head(sft_ckpt, tmp_path, varied_reward):  # noq
     assert head is not None and head.weight.abs().sum() > 0  # starts at exactly zero
     train = [r for r in rows if "rl/value_loss" in r]
     assert len(train) == 3 and all(math.isfinite(r["rl/explained_variance"]) for r in train)
-    assert {"rl/approx_kl", "rl/clipfrac_low", "rl/values_mean", "rl/returns_mean", "rl/kl"} <= set(train[-1])
+    assert {"rl/approx_kl", "rl/clipfrac_low", "rl/values_mean", "rl/value_target_mean", "rl/kl"} <= set(train[-1])
     res, _ = run(sft_ckpt, tmp_path / "grpo", loss="grpo", max_iters=1, eval_interval=1)
     assert res["model"].score_head is None
 
@@ -73,9 +73,10 @@ def test_ppo_value_is_the_head_times_the_policy_probability_of_the_path_so_far()
     torch.manual_seed(0)
     model = GPT(GPTConfig(block_size=16, vocab_size=16, n_layer=1, n_head=2, n_embd=16, scalar_head=True))
     ids, P = torch.tensor([[3, 4, 5, 6, 7, 1], [0, 3, 4, 8, 1, 0]]), 3
-    b = rl.Rollout(ids, torch.tensor([0, 1]), torch.tensor([[1, 1, 1], [1, 1, 0]]), None)
-    logp, v, _ = rl.forward(model, b, rl.Config(loss="ppo"), L.ALGOS["ppo"])
-    _, head = model(ids, b.offsets, return_scalar=True)
+    offsets, mask = torch.tensor([0, 1]), torch.tensor([[1, 1, 1], [1, 1, 0]])
+    logp, values_head, _ = logprobs(model, ids, offsets, mask, scalar=True)
+    v = L.prefix_value(values_head, logp)
+    _, head = model(ids, offsets, return_scalar=True)
     head = head[:, P - 1:-1]  # (2, 3) the state before each response token
     assert torch.allclose(v, head * torch.exp(torch.nn.functional.pad(logp, (1, 0))[:, :-1].cumsum(1)), atol=1e-6)
     assert torch.allclose(v[:, 0], head[:, 0], atol=1e-6)

@@ -72,7 +72,7 @@ def test_the_generators_score_is_the_reward_partial_credit_included(monkeypatch,
     monkeypatch.setattr(rl, "generate", fake_generate(rows, task.tok))
     b = rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, None, task), [0], None, 4, 1.0)
     want = [task.scorer(q, t) for t in answers]
-    assert b.correct.tolist() == pytest.approx(want) and want[0] == 1.0 and 0 < want[1] < 1
+    assert b.score.tolist() == pytest.approx(want) and want[0] == 1.0 and 0 < want[1] < 1
     assert rl.rollout_metrics(b)["rl/accuracy"] == 0.25
 
 

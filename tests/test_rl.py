@@ -375,7 +375,7 @@ def test_dynamic_sampling_keeps_groups_by_accuracy_not_by_shaped_reward(monkeypa
         correct = torch.tensor([0., 0, 0, 0, 1, 0, 1, 0, 1, 1, 1, 1])  # all wrong, mixed, all right
         reward = correct + torch.tensor([-1, -0.5, 0, 0, 0, 0, 0, 0, 0, 0, 0, -0.5])  # shaped
         return rl.Rollout(torch.arange(12)[:, None], torch.zeros(12), torch.ones(12, 1), torch.zeros(12, 1),
-                          reward=reward, correct=correct, length=torch.ones(12),
+                          reward=reward, score=correct, length=torch.ones(12),
                           finished=torch.ones(12, dtype=torch.bool))
 
     monkeypatch.setattr(rl, "rollout", fake_rollout)
@@ -409,7 +409,7 @@ def test_a_special_token_inside_a_response_earns_nothing(monkeypatch):
     cfg = rl.Config(loss="cliff", group_size=2, max_new_tokens=6, overlong_window=0)
     run = make_run(cfg, None, char_task([("23*47=", gold)], reverse=False))
     out = rl.rollout(cfg, L.ALGOS["cliff"], run, [0], None, 2, 1.0)
-    assert out.correct.tolist() == [1.0, 0.0] and out.first_wrong.tolist() == [-1, 2]
+    assert out.score.tolist() == [1.0, 0.0] and out.first_wrong.tolist() == [-1, 2]
 
 
 def test_the_same_response_under_two_prompts_gets_each_prompts_grade(monkeypatch):
@@ -431,7 +431,7 @@ def test_the_same_response_under_two_prompts_gets_each_prompts_grade(monkeypatch
     cfg = rl.Config(group_size=2, max_new_tokens=2, overlong_window=0)
     run = make_run(cfg, None, char_task([("2*3=", "6"), ("2*4=", "8")], reverse=False))
     out = rl.rollout(cfg, L.ALGOS["grpo"], run, [0, 1], None, 2, 1.0)
-    assert out.correct.tolist() == [1.0, 1.0, 0.0, 0.0]
+    assert out.score.tolist() == [1.0, 1.0, 0.0, 0.0]
 
 
 def test_checkpoint_settings_have_one_source_of_truth(sft_ckpt, tmp_path):
@@ -519,7 +519,7 @@ def test_remax_dynamic_sampling_counts_the_greedy_reward(monkeypatch):
             return rl.Rollout(*([None] * 4), reward=torch.tensor([1.0, 0.0]), length=torch.ones(2))
         correct = torch.zeros(8)
         return rl.Rollout(torch.arange(8)[:, None], torch.zeros(8), torch.ones(8, 1), torch.zeros(8, 1),
-                          reward=correct, correct=correct, length=torch.ones(8),
+                          reward=correct, score=correct, length=torch.ones(8),
                           finished=torch.ones(8, dtype=torch.bool))
 
     monkeypatch.setattr(rl, "rollout", fake_rollout)
@@ -604,7 +604,7 @@ def test_prompt_selection_skips_the_groups_dynamic_sampling_found_flat(monkeypat
         correct = torch.tensor([0., 0, 0, 0, 1, 0, 1, 0])  # lost everywhere; mixed
         turns = torch.tensor([[0.1], [0.2], [0.3], [0.4], [0.0], [1.0], [0.0], [1.0]])  # returns: differ; all 1
         return rl.Rollout(torch.arange(8)[:, None], torch.zeros(8), torch.ones(8, 1), torch.zeros(8, 1),
-                          reward=correct + turns[:, 0], correct=correct, length=torch.ones(8),
+                          reward=correct + turns[:, 0], score=correct, length=torch.ones(8),
                           finished=torch.ones(8, dtype=torch.bool), turn_rewards=turns)
 
     monkeypatch.setattr(rl, "rollout", fake_rollout)
@@ -614,3 +614,12 @@ def test_prompt_selection_skips_the_groups_dynamic_sampling_found_flat(monkeypat
     idx = run.prompts.order[:2]  # the two prompts this step drew
     assert batch.ids.flatten().tolist() == [0, 1, 2, 3] and stats["rl/zero_std_frac"] == 0.5
     assert run.prompts.saturated == {idx[1]}
+
+
+@pytest.mark.parametrize("kw, on", [(dict(loss="grpo"), True), (dict(loss="grpo", dynamic_sampling=False), False),
+                                    (dict(loss="dpo", pairs="online"), True), (dict(loss="kto", pairs="online"), True),
+                                    (dict(loss="opd", teacher_ckpt="t.pt"), False), (dict(loss="rft"), False)])
+def test_dynamic_sampling_is_decided_once_in_check(kw, on):
+    """Online pairs need a right and a wrong answer in every group: always on; a teacher's rows and
+    the supervised baselines learn from no reward: off; the rest as the flag says."""
+    assert rl.check(rl.Config(**kw))[0].dynamic_sampling is on

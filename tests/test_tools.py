@@ -35,7 +35,7 @@ def episodes(problems, G=1, **args):
 
 
 def task(problems=(), test=(), **kw):
-    return Task(TOK, "mul3_tool", True, "exact", 0, list(problems), [], list(test), env=CALC, **kw)
+    return Task(TOK, "mul3_tool", True, "exact", 0, list(problems), [], list(test), env_module=CALC, **kw)
 
 
 def trace(prompt, answer):
@@ -133,7 +133,7 @@ def sample(model, use_cache=True, G=8, seed=1, temperature=1.0):
     prompts = [TOK.encode(format_prompt(p, True)) for p, _ in problems]
     return generate(model, prompts, 40, TOK.eos_id, TOK.pad_id, G=G, temperature=temperature,
                     generator=torch.Generator().manual_seed(seed), use_cache=use_cache,
-                    env=episodes(problems, G))
+                    episodes=episodes(problems, G))
 
 
 def test_sampler_forces_the_results_and_matches_the_trainer_with_and_without_cache():
@@ -254,7 +254,7 @@ def assert_no_leak(name, b, monkeypatch, **kw):
 def test_environment_logits_never_reach_a_loss_or_its_gradient(name, monkeypatch):
     b = tool_rollout()
     if L.ALGOS[name].data == "samples":  # rft: the correct rows
-        b.correct = b.reward.clone()
+        b.score = b.reward.clone()
     assert_no_leak(name, b, monkeypatch)
 
 
@@ -297,7 +297,7 @@ def test_eval_kl_and_length_count_only_the_policys_tokens_by_hand():
     for i in range(0, 6, 2):  # batch_size 4: 2 prompts x 2 samples a call
         prompts = encode_prompts(TOK, [p for p, _ in test[i:i + 2]], True)
         out = generate(policy, prompts, 40, TOK.eos_id, TOK.pad_id, G=2, generator=gen,
-                       env=episodes(test[i:i + 2], 2))
+                       episodes=episodes(test[i:i + 2], 2))
         P, n_resp = out["prompt_len"], n_resp + out["response_mask"].sum().item()
         ref_lp = logprobs(ref, out["ids"], out["offsets"], out["action_mask"][:, P:])[0]
         for r, acts in enumerate(out["action_mask"][:, P:].tolist()):
@@ -398,7 +398,7 @@ def test_forced_results_count_against_max_new_tokens_by_hand():
         for use_cache in (True, False):
             out = generate(model, [TOK.encode("321*654=")], 10, TOK.eos_id, TOK.pad_id, G=2,
                            generator=torch.Generator().manual_seed(0), use_cache=use_cache,
-                           env=episodes([("456*123=", "56088")], 2))
+                           episodes=episodes([("456*123=", "56088")], 2))
             P = out["prompt_len"]
             assert out["ids"][:, P:].tolist() == [TOK.encode("]{?}]{?}]{")] * 2
             act = out["action_mask"][:, P:]
@@ -415,7 +415,7 @@ def test_episode_counts_skip_the_padding_the_sampler_leaves():
     ids = torch.tensor([TOK.encode("[1*2]{2}2") + [TOK.eos_id] + [TOK.pad_id] * 5])  # (1, 15)
     mask = torch.tensor([[1] * 5 + [0] * 3 + [1, 1] + [0] * 5])
     b = rl.Rollout(ids, torch.zeros(1), mask, torch.zeros(1, 15), reward=torch.ones(1),
-                   correct=torch.ones(1), length=torch.tensor([10.0]), finished=torch.ones(1),
+                   score=torch.ones(1), length=torch.tensor([10.0]), finished=torch.ones(1),
                    turn_rewards=torch.zeros(1, 15), turns=torch.ones(1), invalid=torch.zeros(1))
     assert rollout_metrics(b)["rl/env_token_frac"] == pytest.approx(0.3)
     out = {"prompt_len": 0, "response_mask": (torch.arange(15) < 10).long()[None], "action_mask": mask}
@@ -449,7 +449,7 @@ def test_rollout_keeps_the_environments_tokens_in_each_response():
     b = rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, model, tsk), [0, 1, 2, 3],
                    torch.Generator().manual_seed(5), 4, 1.0)
     out = generate(model, [p for p, *_ in tsk.gold_rows(problems)], 40, TOK.eos_id, TOK.pad_id,
-                   G=4, generator=torch.Generator().manual_seed(5), env=episodes(problems, 4))
+                   G=4, generator=torch.Generator().manual_seed(5), episodes=episodes(problems, 4))
     P = out["prompt_len"]
     assert torch.equal(b.mask, out["action_mask"][:, P:])
     assert b.length.tolist() == out["response_mask"][:, P:].sum(1).float().tolist()
@@ -483,11 +483,11 @@ def test_the_reward_reads_the_text_after_the_environments_last_token(monkeypatch
             [("[321*6]", 0), ("{837}", 1), ("[837+0516]", 0), ("{88065}", 1), ("88065", 0)],
             [("[321*6]", 0), ("{88065}", 1)], [("88065", 0)]]
     verifier = load_config(sft.Config, ["configs/mul3_tool.py"]).verifier
-    tsk = Task(TOK, "mul3_tool", True, verifier, 0, [("123*456=", "56088")], env=CALC)
+    tsk = Task(TOK, "mul3_tool", True, verifier, 0, [("123*456=", "56088")], env_module=CALC)
     cfg = rl.Config(loss="grpo", group_size=len(rows), max_new_tokens=40, overlong_window=0)
     monkeypatch.setattr(rl, "generate", fake_generate(rows))
     b = rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, None, tsk), [0], None, len(rows), 1.0)
-    assert b.correct.tolist() == [0, 0, 0, 1, 0, 1]
+    assert b.score.tolist() == [0, 0, 0, 1, 0, 1]
 
 
 # ---------------------------------------------------------------- every family, end to end
