@@ -54,10 +54,10 @@ def test_the_game_by_hand():
     """Secret 37: `<` lower, `>` higher; the interval shrinks, a guess outside it is inconsistent
     but still answered; the win ends the episode (EOS forced); the score is the win."""
     env = episodes([37])
-    assert play(env, 0, ["50", "25", "60", "37"]) == "50|<25|>60|<37|=<eos>"
-    game = env.envs[0]
-    assert (game.lo, game.hi, game.turns, game.won, game.inconsistent, game.invalid) == (37, 37, 4, True, 1, 0)
-    assert game.guesses == [50, 25, 60, 37] and env.score(0, "") == 1.0
+    assert play(env, 0, ["50", "25", "60", "26", "49", "37"]) == "50|<25|>60|<26|>49|<37|=<eos>"
+    game = env.envs[0]  # 26 and 49, the interval's ends after 50 and 25, are consistent; 60 is not
+    assert (game.lo, game.hi, game.turns, game.won, game.inconsistent, game.invalid) == (37, 37, 6, True, 1, 0)
+    assert game.guesses == [50, 25, 60, 26, 49, 37] and env.score(0, "") == 1.0
     lost = episodes([37])
     assert play(lost, 0, ["1", "2", "3", "4", "5", "6", "7"]) == "1|>2|>3|>4|>5|>6|>7|><eos>"
     assert lost.score(0, None) == 0.0 and lost.envs[0].turns == 7
@@ -206,6 +206,24 @@ class Chatty:
 
     def score(self, final):
         return 0.0
+
+
+class Finals:
+    """An environment that scores what the policy wrote last: 1 for any text, even "", 0.5 for None."""
+    turn_end, max_turns, max_obs = "|", 3, 2
+
+    def __init__(self, answer):
+        self.invalid = 0
+
+    def score(self, final):
+        return 0.5 if final is None else 1.0
+
+
+def test_an_unfinished_episode_is_scored_with_none():
+    """final None: the policy never ended with EOS; "": it ended with nothing after the last answer."""
+    from types import SimpleNamespace
+    env = Episodes(SimpleNamespace(Env=Finals), ["1", "2"], 1, TOK, False, {})
+    assert (env.score(0, None), env.score(1, "")) == (0.5, 1.0)
 
 
 def test_observations_are_cut_to_max_obs_and_episodes_end_after_max_turns():

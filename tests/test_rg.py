@@ -54,9 +54,11 @@ def test_one_line_errors_name_the_valid_ones(monkeypatch):
 
 
 def chain_task(reverse):
+    """A test problem whose answer reads differently reversed (the digit order must be turned back)."""
     splits, scorer = rg.splits("chain_sum", CHAIN)
     alphabet = sorted(set("".join(q + a for s in splits.values() for q, a in s)))
-    return Task(CharTokenizer("".join(alphabet)), "rg:chain_sum", reverse, "exact", 0, splits["test"][:1],
+    problem = next((q, a) for q, a in splits["test"] if a != a[::-1])
+    return Task(CharTokenizer("".join(alphabet)), "rg:chain_sum", reverse, "exact", 0, [problem],
                 rg=CHAIN, scorer=scorer)
 
 

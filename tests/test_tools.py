@@ -384,6 +384,8 @@ def test_calculator_bounds_by_hand():
     assert env.step(0, TOK.encode("[21*3]{63}[9+1]"))[0] == TOK.encode("{01}")
     special = TOK.encode("[21*") + [TOK.pad_id] + TOK.encode("3]")
     assert episodes([("1*1=", "1")]).step(0, special)[0] == TOK.encode("{?}")
+    two_opens = episodes([("1*1=", "1")])  # a call is the text after the turn's last `[`
+    assert two_opens.step(0, TOK.encode("[9*9[21*3]"))[0] == TOK.encode("{63}")
 
 
 def test_forced_results_count_against_max_new_tokens_by_hand():
