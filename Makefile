@@ -1,8 +1,11 @@
-# make demo: install, then the whole pipeline (data -> SFT -> RL -> held-out eval): ~3.5 min on 2 Intel cores with bf16 (AMX), ~29 min on 2 cores without bf16 (fp32)
-# make test: install the test requirements, run the suite (~4 min on 2 CPU cores)
-# make compare: every RL algorithm and two baselines side by side from the SFT checkpoint (27 runs, 2 at a time; needs make demo's SFT)
+# make demo: install, then the whole pipeline (data -> SFT -> DAPO -> held-out eval), a long run of a
+#   few minutes (docs/results.md, "The demo"); DEMO_ARGS go to both scripts, e.g. "--seed=2"
+# make test: install the test requirements, run the suite
+# make compare: every RL algorithm and two baselines side by side from configs/mul.py's SFT
+#   checkpoint (python sft.py configs/mul.py first; 27 runs, 2 at a time)
 PYTHON ?= python
 PIP ?= $(PYTHON) -m pip
+DEMO_ARGS ?=
 
 .PHONY: demo test compare install install-test
 install:
@@ -11,9 +14,9 @@ install-test:
 	$(PIP) install -q -r requirements-test.txt
 demo: install
 	$(PYTHON) -m data.tasks --task=mul
-	$(PYTHON) sft.py configs/mul.py
-	$(PYTHON) sample.py --ckpt=out/sft-mul/ckpt.pt --prompts_file=data/mul/test.txt > out/sft-mul/test_samples.txt
-	$(PYTHON) rl.py --loss=grpo
+	$(PYTHON) sft.py configs/demo.py $(DEMO_ARGS)
+	$(PYTHON) rl.py configs/demo_rl.py $(DEMO_ARGS)
+	@echo "make demo: success is a held-out gain of +10 points or more on the line above (RL over SFT)"
 test: install-test
 	$(PYTHON) -m pytest
 compare: install

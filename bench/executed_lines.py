@@ -40,7 +40,8 @@ def main(argv):
     threading.settrace(on_call)
     sys.settrace(on_call)
     try:
-        runpy.run_path(os.path.abspath(argv[0]), run_name="__main__")
+        script = argv[0] if os.path.exists(argv[0]) else os.path.join(ROOT, argv[0])
+        runpy.run_path(os.path.abspath(script), run_name="__main__")
     except SystemExit:
         pass
     finally:

@@ -23,24 +23,31 @@ TINY = {  # flags appended to each script's command: every run a few seconds
               "--pairs_per_step=4", "--threads=1"],
     "sample.py": [],
     "bench/guess.py": [],
+    "bench/executed_lines.py": ["--max_iters=1", "--eval_interval=1", "--prompts_per_step=2", "--group_size=2",
+                                "--threads=1"],
 }
 SEEDED = {"out/sft-teacher": "out/sft-mul"}  # nanorl/distill.py's teacher: any SFT checkpoint of the task
 NOT_RUN = {  # a pattern of the command -> why no test runs it as written
     r"^(make|pip) ": "installs, or the whole pipeline: .ci/run runs `make test`; `make demo` is the long run",
     r"^torchrun ": "two processes: tests/test_ddp.py runs rl.py and sft.py under torchrun",
     r"^python -m pytest ": "bench/mutate.py's own pytest call",
-    r"^python bench/(?!guess\.py)": "a benchmark, minutes to hours by design (bench/README.md); the small "
+    r"^python bench/(?!guess\.py|executed_lines\.py)": "a benchmark, minutes to hours by design (bench/README.md); the small "
                                     "runs of compare, gpu_check, grad_lab and same_weights are tested",
     r"--init_from=gpt2": "downloads GPT-2's weights: tests/test_hf.py maps a tiny random HF GPT-2 offline",
     r"path/to/": "a template: tests/test_task.py runs a folder task through sft.py, rl.py and sample.py",
 }
 
 
+def readme_commands():
+    """The command lines of the README's indented blocks (make's own output lines left out)."""
+    return [line for line in (ROOT / "README.md").read_text().split("\n")
+            if re.match(r" {4}(python|torchrun|make|pip) ", line) and not re.match(r" {4}make \w+:", line)]
+
+
 def commands():
     """[(where, command)] of the README's indented blocks, then of every module docstring: each
     `;`-separated command once, its comment and line continuations removed."""
-    found = [("README.md", line) for line in (ROOT / "README.md").read_text().split("\n")
-             if re.match(r" {4}(python|torchrun|make|pip)\b", line)]
+    found = [("README.md", line) for line in readme_commands()]
     for path in sorted(ROOT.glob("*.py")) + sorted(ROOT.glob("*/*.py")):
         if path.parent.name != "tests":
             doc = (ast.get_docstring(ast.parse(path.read_text())) or "").replace("\\\n", " ")
@@ -69,9 +76,13 @@ def test_every_command_is_run_here_or_says_why_not():
     assert all(skipped.values()), f"NOT_RUN patterns that match no command: {[p for p, c in skipped.items() if not c]}"
     stray = [(w, c) for w, c in commands() if not script_of(c) and not any(c in v for v in skipped.values())]
     assert not stray, f"commands neither run by this test nor in NOT_RUN: {stray}"
+    unmarked = [line for line in readme_commands() if any(re.search(p, part) for p in NOT_RUN
+                                                           for part in line.strip().split(" ; "))
+                and not re.search(r"#.*(a long run|install|template)", line)]
+    assert not unmarked, f"README commands that no test runs must say why (a long run, an install): {unmarked}"
 
 
-STAGES = ["data.tasks", "sft.py", "reward_model.py", "rl.py", "sample.py", "bench/guess.py"]
+STAGES = ["data.tasks", "sft.py", "reward_model.py", "rl.py", "sample.py", "bench/guess.py", "bench/executed_lines.py"]
 
 
 @pytest.mark.filterwarnings("ignore:'data.tasks' found in sys.modules")  # runpy of an imported module
@@ -81,6 +92,7 @@ def test_every_command_runs_on_tiny_settings(tmp_path, monkeypatch, capsys):
     for name in ("configs", "data"):
         (tmp_path / name).symlink_to(ROOT / name)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))  # bench/executed_lines.py sets sys.path[0]
     runnable = [(w, c) for w, c in commands() if script_of(c) and not any(re.search(p, c) for p in NOT_RUN)]
     runnable.sort(key=lambda wc: STAGES.index(script_of(wc[1])))  # stable: the docs' order within a stage
     seeded = False
@@ -103,3 +115,13 @@ def test_every_command_runs_on_tiny_settings(tmp_path, monkeypatch, capsys):
         if "--answer=" in command or "--prompts_file=" in command or "--split=" in command:
             assert "accuracy" in out.err, f"{where}: `{command}` printed no accuracy"
     assert len(runnable) >= 25  # the collector found them
+
+
+def test_the_readmes_reading_route_points_at_the_code():
+    """Each `name` (`file.py:line`) of the README names what that line holds, so the route from
+    main to DAPO's clip stays true as the code moves."""
+    refs = re.findall(r"`([\w.\"]+)` \(`([\w/]+\.py):(\d+)`\)", (ROOT / "README.md").read_text())
+    assert len(refs) >= 10
+    for name, path, line in refs:
+        text = (ROOT / path).read_text().split("\n")[int(line) - 1]
+        assert name.split(".")[-1] in text, f"README: `{name}` is not at {path}:{line} ({text.strip()!r})"
