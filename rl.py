@@ -8,18 +8,8 @@ RL from the SFT checkpoint. A row of losses.ALGOS declares the algorithm; this l
 
 A step: prompts -> G samples each (log-probs mu) -> rewards -> advantages -> updates.
 Features off by default live in nanorl/, a file each, called only when their flag or
-column is on.
-
-Words, one meaning each:
-  problem         a task row (prompt, answer); its group: the G samples of its prompt
-  score           a response's final score in [0, 1]: the verifier's, or its episode's
-  turn rewards    what an environment pays at the end of each turn (N, L)
-  episode return  score + turn rewards
-  reward          what advantages read: the episode return + DAPO's overlong shaping
-                  (with --reward=rm: the reward model's score + shaping)
-  episodes        one sampler call's games (nanorl/episodes.py); an Env: one game
-  mu, old_logp    the sampler's log-probs; pi_old's, the trainer's before this update
-  value targets   PPO's A + V from GAE, what the value head regresses on
+column is on. The words (score, reward, episode return, episodes, old_logp, value targets)
+mean one thing each: docs/guides.md#words.
 """
 import copy
 import time
@@ -83,7 +73,7 @@ class Rollout:  # N = prompts x G samples, responses aligned at 0
     mask: torch.Tensor  # (N, L) 1 on the policy's tokens (EOS included), not the env's
     mu: torch.Tensor  # (N, L) the sampler's log-probs
     old_logp: torch.Tensor = None  # (N, L) pi_old: mu unless offpolicy.py recomputes it
-    reward: torch.Tensor = None  # (N,) what advantages read (the glossary above)
+    reward: torch.Tensor = None  # (N,) what advantages read (docs/guides.md#words)
     score: torch.Tensor = None  # (N,) the final score: the verifier's or the episode's
     first_wrong: torch.Tensor = None  # (N,) CLIFF's first wrong token, or -1
     length: torch.Tensor = None  # (N,) response tokens with EOS, the environment's too
@@ -208,8 +198,7 @@ def advantages(cfg, algo, hp, batch, ref_lp, teacher_lp):
     if kind in ("gae", "rpp", "rpp_baseline"):
         return token_advantages(kind, hp, batch, R, ref_lp, G)
     if kind in (None, "teacher"):  # distillation (gkd: no advantage)
-        adv = torch.zeros_like(batch.mu) if kind is None else distill.advantages(
-            batch, teacher_lp)
+        adv = distill.advantages(batch, teacher_lp) if kind else torch.zeros_like(batch.mu)
         return adv, {}
     if algo.kl == "reward" and hp["beta"]:  # R - beta sum_t k1(pi_old, ref)
         R = losses.kl_in_reward(R, batch.old_logp, ref_lp, batch.mask, hp["beta"]).sum(1)
@@ -325,8 +314,7 @@ def update(cfg, algo, run, batch, adv, inputs, ref_lp, lr, gen):
     micro = max(G, cfg.micro_batch_size // G * G)  # micro-batches of whole groups
     fewest = -int(all_reduce(-N, "max").item())  # rows on the emptiest rank
     if fewest < cfg.minibatches:  # dynamic sampling kept few groups
-        raise UserError(f"minibatches={cfg.minibatches} but a rank holds only {fewest} "
-                        "rows")
+        raise UserError(f"minibatches={cfg.minibatches} but a rank holds only {fewest} rows")
     steps = []  # each optimizer step's stats
     for epoch in range(cfg.ppo_epochs):
         order = torch.arange(N) if cfg.minibatches == 1 else \
@@ -447,8 +435,7 @@ def setup(cfg, algo, hp, dev, rank, world):
 def resume(cfg, run, rank, run_config):
     """Continue exactly: weights, optimizer, loop state; each rank's prompt sampler,
     queued rollouts and reward-model statistics."""
-    run.state, ck = loop.resume(cfg, run.model, run.opt, run.task.tok, rank == 0,
-                                run_config)
+    run.state, ck = loop.resume(cfg, run.model, run.opt, run.task.tok, rank == 0, run_config)
     run.hp, rank_state = ck["hparams"], ck["ranks"][rank]
     run.prompts.load_state_dict(rank_state["sampler"])
     dev = next(run.model.parameters()).device
@@ -478,8 +465,7 @@ def line(cfg, stats):
     """The step's progress line: the numbers SHOWN, and a warning if no answer ended."""
     shown = [f"{k} {stats['rl/' + k]:.4g}" for k in SHOWN if "rl/" + k in stats]
     if stats.get("rl/sampled_truncated_frac") == 1:  # no reward to learn from
-        shown.append(f"WARNING: every rollout ran out of "
-                     f"max_new_tokens={cfg.max_new_tokens}")
+        shown.append(f"WARNING: every rollout ran out of max_new_tokens={cfg.max_new_tokens}")
     return " ".join(shown) or "no update"
 
 
@@ -489,8 +475,7 @@ def main(cfg):
     bf16 = dev.type == "cuda" and bf16_default(dev)  # RL on CPU stays fp32
     cfg = replace(cfg, bf16=bf16 if cfg.bf16 is None else cfg.bf16)
     if cfg.prompts_per_step % world or cfg.pairs_per_step % world:
-        raise UserError(f"prompts_per_step and pairs_per_step must divide by the {world} "
-                        "ranks")
+        raise UserError(f"prompts_per_step and pairs_per_step must divide by the {world} ranks")
     cfg, run = setup(cfg, algo, hp, dev, rank, world)
     run_config = {**asdict(cfg), **run.task.settings(), "ranks": world}
     if cfg.resume:

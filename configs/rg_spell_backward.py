@@ -1,6 +1,6 @@
 # SFT on reasoning-gym's spell_backward, words of 3-5 letters ("Spell this word backward (example:
-# sun -> nus): neon" -> "noen", verbatim), stopped at val 0.55 as configs/mul.py, room for RL (all
-# 500 steps reach 0.914). Then GRPO: python bench/rg_table.py spell_backward (README)
+# sun -> nus): neon" -> "noen", verbatim), stopped at val 0.55 to leave RL room, as configs/mul.py
+# stops at its own (all 500 steps reach 0.914). Then GRPO: python bench/rg_table.py spell_backward
 task = "rg:spell_backward"
 rg = dict(min_word_len=3, max_word_len=5)
 reverse = False  # no digits to turn around

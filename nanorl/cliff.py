@@ -12,15 +12,14 @@ from tokenizer import CharTokenizer
 
 
 def check(task):
-    """CLIFF compares a response with the gold answer's tokens: only the exact verifier with the
-    char tokenizer and no environment makes them the one right answer."""
-    exact = task.verifier_name == "exact" and isinstance(task.tok, CharTokenizer)
-    if not exact or task.env_module:
+    """One line unless the gold answer's tokens are the one right answer: the exact verifier,
+    the char tokenizer, no environment."""
+    if task.verifier_name != "exact" or not isinstance(task.tok, CharTokenizer) or task.env_module:
+        env = " and the environment of " + task.name if task.env_module else ""
         raise UserError(f"cliff finds the first wrong token against the gold answer's tokens, "
-                        f"which only the exact verifier with the char tokenizer and no "
-                        f"environment makes unique; this checkpoint has verifier "
-                        f"{task.verifier_name!r}, a {type(task.tok).__name__}"
-                        + (f" and the environment of {task.name}" if task.env_module else ""))
+                        f"which only the exact verifier with the char tokenizer and no environment "
+                        f"makes unique; this checkpoint has verifier {task.verifier_name!r}, a "
+                        f"{type(task.tok).__name__}{env}")
 
 
 def first_wrong_token(response_ids: list[int], gold_ids: list[int]) -> int | None:

@@ -2,9 +2,8 @@
 Environments in the sampler: a row's episode, opened by tasks that name one (an `envs/` file).
 
 An environment is a class `Env` in an envs/ file, a fresh one per episode, built from a task row's
-answer (the hidden state: a secret is in the row's answer, never in its prompt) and --env_args.
-Its contract is `Env` below, checked when a task loads (check_env). Text is in normal digit
-order: Episodes turns it as the task writes it.
+answer (its hidden state: a secret, never in the prompt) and --env_args; its contract is `Env`
+below, checked when a task loads. Text is in normal digit order: Episodes turns it as the task does.
 
 Episodes holds the rows of one sampler call and gives model.generate its two hooks: `force` puts
 the environment's pending tokens into the rows inside an observation (action 0, log-prob 0, a
@@ -22,7 +21,7 @@ from nanorl.config import UserError
 
 
 class Env(Protocol):
-    """One episode: what the class `Env` of an envs/ file has (envs/guess.py, envs/calculator.py)."""
+    """One episode: what the class `Env` of an envs/ file has (envs/guess.py's, for one)."""
     turn_end: str  # the character that ends a policy turn
     max_turns: int  # the episode ends after this many turns (EOS forced)
     max_obs: int  # an observation's tokens at most (the rest is cut)
@@ -32,8 +31,7 @@ class Env(Protocol):
         """A turn's text (None: it held a special token) -> (observation, reward, done)."""
 
     def score(self, final: Optional[str]) -> float:
-        """The final score in [0, 1]; final: the policy's text after the last observation, None
-        if it never ended with EOS."""
+        """final: the policy's text after the last observation (None: no EOS) -> [0, 1]."""
 
 
 def check_env(task, module, args, answer):
@@ -48,10 +46,9 @@ def check_env(task, module, args, answer):
                         f"it takes {', '.join(valid) or 'none'}")
     env = module.Env(answer, **args)
     missing = [k for k in [*Env.__annotations__, "step", "score"] if not hasattr(env, k)]
-    if missing or len(getattr(env, "turn_end", "")) != 1:
-        raise UserError(f"{module.__name__}.Env breaks the contract of nanorl/episodes.py's Env: "
-                        + (f"it has no {missing[0]!r}" if missing else "turn_end is not one "
-                           "character"))
+    if missing or len(env.turn_end) != 1:
+        why = f"it has no {missing[0]!r}" if missing else "turn_end is not one character"
+        raise UserError(f"{module.__name__}.Env breaks nanorl/episodes.py's Env contract: {why}")
 
 
 class Episodes:

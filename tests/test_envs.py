@@ -484,8 +484,8 @@ def test_an_environment_that_breaks_the_contract_stops_the_load_in_one_line(tmp_
     from types import SimpleNamespace
     from nanorl.episodes import check_env
     broken = SimpleNamespace(__name__="envs.broken", Env=NoInvalid)
-    with pytest.raises(rl.UserError, match=r"^envs.broken.Env breaks the contract of nanorl/episodes.py's Env: "
-                                           r"it has no 'invalid'$"):
+    with pytest.raises(rl.UserError, match=r"^envs.broken.Env breaks nanorl/episodes.py's Env contract: it has no "
+                                           r"'invalid'$"):
         check_env("env:broken", broken, {}, "1")
     monkeypatch.setattr(NoInvalid, "invalid", 0, raising=False)
     monkeypatch.setattr(NoInvalid, "turn_end", "||")
