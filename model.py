@@ -202,6 +202,7 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
       logps          (N, L)    each sampled token's log-prob under the sampling distribution
                                (temperature 0: greedy, untempered; top-k), 0 off actions
       turn_rewards   (N, L)    with episodes: each turn's reward on its last token, else absent
+      version        (N, L)    with the async sampler's policy: each token's policy version
       offsets, prompt_len      (N,) left-pad count of each row; P
     episodes (nanorl/episodes.py): an environment's games, one a row, and the sampler's two
     hooks: its forced tokens (counted in max_new_tokens, log-prob 0) and its turns' ends."""
@@ -247,6 +248,8 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
                action_mask=torch.cat([zeros, act], 1))
     if episodes:
         out["turn_rewards"] = episodes.turn_rewards(len(toks)).to(device)
+    if hasattr(model, "versions"):  # the async sampler's policy (nanorl/asyncrl.py)
+        out["version"] = model.versions(len(toks)).expand(len(seq), -1)  # (N, L) each token's
     return out
 
 

@@ -22,7 +22,7 @@ import torch
 
 import losses
 from model import generate, logprobs, seeded
-from nanorl import cliff, cov, distill, loop, offpolicy, pref, remax, rm, rows
+from nanorl import asyncrl, cliff, cov, distill, loop, offpolicy, pref, remax, rm, rows
 from nanorl.checkpoint import unwrap
 from nanorl.config import UserError, check_bounds, run_cli
 from nanorl.ddp import all_reduce, bf16_default, mean_over_ranks, world_size
@@ -84,6 +84,7 @@ class Rollout:  # N = prompts x G samples, responses aligned at 0
     turn_rewards: torch.Tensor = None  # (N, L) an environment's, at its turns' ends
     turns: torch.Tensor = None  # (N,) an environment's turns
     invalid: torch.Tensor = None  # (N,) the turns it could not take
+    version: torch.Tensor = None  # (N, L) --async_rollouts: the policy version of each token
 
     def episode_return(self):
         """(N,) the score plus the turns' rewards: the reward without shaping."""
@@ -132,7 +133,7 @@ def scored(cfg, algo, task, out, problems, G, episodes):
     P, window, seen = out["prompt_len"], cfg.overlong_window, {}
     batch = Rollout(ids=out["ids"], offsets=out["offsets"], mask=out["action_mask"][:, P:],
                     mu=out["logps"], old_logp=out["logps"], turn_rewards=out.get("turn_rewards"),
-                    length=out["response_mask"][:, P:].sum(1).float())
+                    length=out["response_mask"][:, P:].sum(1).float(), version=out.get("version"))
     responses, score, shaped = rows.responses(batch), [], []
     for r, (ids, act) in enumerate(zip(responses, batch.mask.tolist())):
         key = (r // G, *ids)  # one problem, so one answer (and one secret) per group
@@ -250,8 +251,9 @@ def sample(cfg, algo, run, gen):
     return batch, stats
 
 
-def pg_step(cfg, algo, run, lr, gen):
-    """One step of a policy-gradient row -> its stats, averaged over ranks."""
+def pg_step(cfg, algo, run, lr, gen, sample=sample):
+    """One step of a policy-gradient row -> its stats, averaged over ranks. sample: the
+    async pipeline's stands in for this process's sampler (nanorl/asyncrl.py)."""
     batch, stats = sample(cfg, algo, run, gen)
     if cfg.staleness:  # the off-policy lab: train on the rollout of staleness steps ago
         run.queue.append(batch)
@@ -265,7 +267,7 @@ def pg_step(cfg, algo, run, lr, gen):
     stats = mean_over_ranks({**stats, **rollout_metrics(
         batch, ref_lp, inputs.get("value_targets"), run.hp.get("beta"))})
     if run.hp.get("kl_target"):  # PPO's adaptive KL controller, on every rank's rows
-        n = stats["rl/n_groups"] * cfg.group_size * world_size()
+        n = all_reduce(len(batch.ids)).item()  # the rows trained on
         run.hp["beta"] = losses.adaptive_beta(run.hp["beta"], stats["rl/kl_k1_seq"],
                                               run.hp["kl_target"], n)
     return stats
@@ -472,8 +474,8 @@ def line(cfg, stats):
 def main(cfg):
     cfg, algo, hp = check(cfg)
     dev, rank, world = loop.start(cfg)
-    bf16 = dev.type == "cuda" and bf16_default(dev)  # RL on CPU stays fp32
-    cfg = replace(cfg, bf16=bf16 if cfg.bf16 is None else cfg.bf16)
+    cfg = replace(cfg, bf16=dev.type == "cuda" and bf16_default(dev) if cfg.bf16 is None
+                  else cfg.bf16)  # None: bf16 on CUDA where native; RL on CPU stays fp32
     if cfg.prompts_per_step % world or cfg.pairs_per_step % world:
         raise UserError(f"prompts_per_step and pairs_per_step must divide by the {world} ranks")
     cfg, run = setup(cfg, algo, hp, dev, rank, world)
@@ -483,6 +485,8 @@ def main(cfg):
     if rank == 0:
         print(f"hparams: {run.hp}", flush=True)
     train_step = pg_step if algo.family == "pg" else pref_step
+    if cfg.async_rollouts or cfg.inflight:  # a sampler process, overlapped: nanorl/asyncrl.py
+        train_step = asyncrl.Pipeline(cfg, algo, run, rank, world, setup, sample, pg_step, Rollout)
     hparams = {f"hparams/{k}": v for k, v in run.hp.items() if v is not None}
     with loop.Clock(cfg, run.state, rank, resolved={**run_config, "hparams": run.hp}) as clock:
         if not cfg.resume:

@@ -23,6 +23,9 @@ class Flags:  # rl.py's flags of the lab
     sampler_bf16: bool = False  # add bf16 autocast to the rollouts: a known sampler gap
     rollout_is: str = "none"  # tis, seq_tis or icepop: weigh each token by pi_old / mu
     decoupled: bool = False  # decoupled PPO: clip at pi_prox = pi_old, weigh pi_prox / mu
+    async_rollouts: bool = False  # sample in a process of its own, overlapped (asyncrl.py)
+    inflight: bool = False  # the async sampler loads new weights between decode steps
+    async_timeout: float = 300.0  # seconds the trainer waits for a rollout, then stops
 
 
 def check(cfg, algo):

@@ -1,0 +1,240 @@
+"""Real async RL, opened by --async_rollouts: a sampler process makes rollouts while the trainer
+updates, with policy versions, pacing and (--inflight) weight updates in flight.
+
+    python rl.py --loss=grpo --staleness=1 --async_rollouts=true [--inflight=true]
+
+The trainer (rl.py's process) and a sampler (spawned here, one per torchrun rank) each hold the
+policy. The weights after step s are version s; at step s, with k = --staleness >= 1:
+
+    trainer:  update on rollout s-k, queued  | publish version s | take rollout s, queue it
+    sampler:  [ rollout s, sampled by version s-1 ...............]  wait for version s
+
+Pacing: rollout s waits for version s-1 rather than sampling ahead with an older one, so each
+token trained on is at most k versions old and no rollout is thrown away for its age. The
+sampler runs rl.py's own rollout code (environments, tools, the reward model, dynamic sampling
+and refills) with the simulated --staleness=k's weights, generator and prompt sampler at every
+rollout, so the two give bit-identical weights where the update draws no random number
+(minibatches=1, not Clip-/KL-Cov: the async update draws from a fresh generator).
+--inflight: before each decode step the sampler loads the newest version published and keeps
+its KV cache, so a row's later tokens carry a newer version (Rollout.version, each token's)
+and mu is what the sampler computed: the new weights over keys and values the old ones wrote
+(docs/guides.md#async-rl). pi_old is the trainer's (offpolicy.recompute), so --rollout_is and
+--decoupled weigh each token by its own mu. A resume re-samples the rollout in flight.
+"""
+import itertools
+import os
+import queue
+import signal
+import time
+import weakref
+from dataclasses import asdict
+
+import torch
+import torch.multiprocessing as mp
+
+import losses
+from model import seeded
+from nanorl import offpolicy
+from nanorl.checkpoint import unwrap
+from nanorl.config import UserError
+from nanorl.ddp import all_reduce, mean_over_ranks
+
+
+def check(cfg):
+    """--async_rollouts and --inflight against the run: one line where they do not fit (a row
+    without an importance ratio is refused by --staleness, which async needs)."""
+    if not cfg.async_rollouts:
+        raise UserError("--inflight updates the async sampler's weights: it needs "
+                        "--async_rollouts=true")
+    if cfg.staleness < 1:
+        raise UserError("--async_rollouts needs --staleness >= 1: the versions a rollout may lag "
+                        "its update (1 overlaps sampling with the whole update)")
+    if cfg.async_timeout <= 0:
+        raise UserError(f"async_timeout must be > 0, got {cfg.async_timeout}")
+
+
+class Pipeline:
+    """The trainer's end of the pipeline, rl.py's step function when --async_rollouts is on."""
+
+    def __init__(self, cfg, algo, run, rank, world, setup, sample, pg_step, rollout_cls):
+        check(cfg)
+        self.pg_step, self.rollout_cls, self.timeout = pg_step, rollout_cls, cfg.async_timeout
+        threads = torch.get_num_threads()  # the sync run's, shared: the sampler takes half
+        torch.set_num_threads(max(1, threads - threads // 2))
+        dev = next(run.model.parameters()).device
+        ctx = mp.get_context("spawn")  # a fresh interpreter: safe with CUDA and OpenMP
+        self.weights, self.rollouts = ctx.Queue(), ctx.Queue()
+        state = {"sampler": run.prompts.state_dict(), "rm": run.rm and run.rm.state_dict()}
+        self.proc = ctx.Process(target=serve, name=f"nanorl-sampler-{rank}", daemon=True, args=(
+            asdict(cfg), type(cfg), run.hp, str(sampler_device(dev, rank, world)), rank, world,
+            run.state.step + 1, state, max(1, threads // 2), setup, sample, self.weights,
+            self.rollouts, os.getpid()))
+        self.proc.start()
+        weakref.finalize(self, stop, self.proc, self.weights)  # at any exit of the trainer
+        self.publish(run, run.state.step)
+
+    def __call__(self, cfg, algo, run, lr, gen):
+        """Step s: update on rollout s-k while the sampler makes rollout s -> the stats."""
+        t0, s = time.time(), run.state.step + 1
+        full = len(run.queue) == cfg.staleness  # rollout s-k is queued: this step updates
+        lag = version_lag(run.queue[0], s - 1) if full and run.queue[0] else {}
+        # pg_step queues a stand-in for rollout s, trains on s-k; rollout s replaces it below
+        stats = self.pg_step(cfg, algo, run, lr, gen, sample=lambda *_: (None, {}))
+        self.publish(run, s)
+        t1 = time.time()
+        msg = self.receive(s)
+        waited = time.time() - t1
+        dev = next(run.model.parameters()).device
+        run.queue[-1] = offpolicy.from_dict(msg["batch"], dev, self.rollout_cls)
+        run.prompts.load_state_dict(msg["sampler"])  # as of rollout s: what a checkpoint holds
+        if run.rm:
+            run.rm.load_state_dict(msg["rm"])
+        perf = {"perf/trainer_idle_frac": waited / (time.time() - t0),
+                "perf/sampler_idle_frac": msg["idle_frac"]}
+        return {**stats, **mean_over_ranks({**msg["stats"], **perf}), **lag}
+
+    def publish(self, run, version):
+        """The policy's weights as version `version`, copied: the trainer goes on updating."""
+        state = {k: v.detach().clone() for k, v in unwrap(run.model).state_dict().items()}
+        self.weights.put((version, state))
+
+    def receive(self, s):
+        """Rollout s from the sampler -> its message; one line if it died, failed or hung."""
+        t = time.time()
+        while True:
+            try:
+                msg = self.rollouts.get(timeout=1.0)
+            except queue.Empty:
+                if not self.proc.is_alive():
+                    raise UserError(f"the async sampler died (exit code {self.proc.exitcode}) "
+                                    f"before rollout {s}") from None
+                if time.time() - t > self.timeout:
+                    raise UserError(f"the async sampler sent no rollout in {self.timeout:g} s "
+                                    f"(--async_timeout): hung at rollout {s}") from None
+                continue
+            if "error" in msg:
+                raise UserError(f"the async sampler failed at rollout {s}: {msg['error']}")
+            assert msg["step"] == s, (msg["step"], s)  # rollouts come in order, one a step
+            return msg
+
+
+def version_lag(batch, version):
+    """The versions the trained tokens lag the trainer's: their mean and max over ranks."""
+    m = batch.mask.bool()
+    lag = (version - batch.version)[m].double()  # (tokens,)
+    n, total = all_reduce([float(m.sum()), float(lag.sum())]).tolist()
+    worst = all_reduce(float(lag.max()) if len(lag) else 0.0, "max").item()
+    return {"rl/version_lag_mean": total / max(n, 1), "rl/version_lag_max": worst}
+
+
+def sampler_device(dev, rank, world):
+    """The trainer's device, or on CUDA a GPU of its own when there are enough for every rank."""
+    if dev.type == "cuda" and torch.cuda.device_count() >= 2 * world:
+        return torch.device("cuda", world + rank)
+    return dev
+
+
+def stop(proc, weights):
+    """End the sampler: ask, then terminate, then kill; never leave it behind."""
+    if proc.is_alive():
+        weights.put(None)
+        proc.join(2)
+    if proc.is_alive():
+        proc.terminate()
+        proc.join(2)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+
+
+class InFlight(torch.nn.Module):
+    """The sampler's policy: model's forward, and before each one (with --inflight) the newest
+    weights published; it records each forward's version, one a decode step (model.generate)."""
+
+    def __init__(self, model, source, inflight):
+        super().__init__()
+        self.model, self.config, self.lm_head = model, model.config, model.lm_head
+        self.source, self.inflight, self.log = source, inflight, []
+
+    def forward(self, *args, **kwargs):
+        if self.inflight:
+            self.source.poll()
+        orphaned(self.source.parent)
+        self.log.append(self.source.version)
+        return self.model(*args, **kwargs)
+
+    def versions(self, n):
+        """(n,) the versions of the last n forwards: one generate call's decode steps."""
+        return torch.tensor(self.log[-n:], device=self.lm_head.weight.device)
+
+
+class Weights:
+    """The sampler's end of the weight queue: loads versions into its model, in order."""
+
+    def __init__(self, model, q, parent):
+        self.model, self.q, self.parent, self.version = model, q, parent, -1
+        self.idle = 0.0  # seconds spent waiting for a version
+
+    def load(self, state):
+        if state is None:  # the trainer says stop
+            raise SystemExit(0)
+        self.version, weights = state
+        self.model.load_state_dict(weights)
+
+    def wait_for(self, version):
+        """Pacing: block until `version` (or, in flight, a newer one) is loaded."""
+        t = time.time()
+        while self.version < version:
+            try:
+                self.load(self.q.get(timeout=1.0))
+            except queue.Empty:
+                orphaned(self.parent)
+        self.idle += time.time() - t
+
+    def poll(self):
+        """In flight: load every version published so far, without waiting."""
+        while True:
+            try:
+                self.load(self.q.get_nowait())
+            except queue.Empty:
+                return
+
+
+def orphaned(parent):
+    """The trainer is gone (killed, even with -9): the sampler exits at once."""
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def serve(cfg, cls, hp, dev, rank, world, first, state, threads, setup, sample, weights, out,
+          parent):
+    """The sampler process: rollout first, first + 1, ..., each sent to the trainer (`out`) with
+    its stats and the prompt sampler's and reward model's state after it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which stops us
+    torch.set_num_threads(threads)
+    dev = torch.device(dev)
+    try:
+        out.cancel_join_thread()  # exit without waiting for a trainer that no longer reads
+        # this rank's share of each step's prompts, as collect() takes it under torchrun
+        cfg = cls(**{**cfg, "prompts_per_step": cfg["prompts_per_step"] // world})
+        algo = losses.ALGOS[cfg.loss]
+        cfg, run = setup(cfg, algo, hp, dev, rank, world)
+        run.prompts.load_state_dict(state["sampler"])
+        if run.rm:
+            run.rm.load_state_dict(state["rm"])
+        source = Weights(run.model, weights, parent)
+        run.model = InFlight(run.model, source, cfg.inflight)
+        for s in itertools.count(first):
+            idle, t = source.idle, time.time()
+            source.wait_for(s - 1)  # pacing: rollout s is version s-1's
+            gen = seeded(dev, "rollout", cfg.seed, rank, s)
+            with torch.autocast(dev.type, torch.bfloat16, enabled=cfg.bf16):
+                batch, stats = sample(cfg, algo, run, gen)
+            idle_frac = (source.idle - idle) / (time.time() - t)
+            out.put({"step": s, "batch": offpolicy.to_dict(batch), "stats": stats,
+                     "idle_frac": idle_frac, "sampler": run.prompts.state_dict(),
+                     "rm": run.rm and run.rm.state_dict()})
+    except SystemExit:
+        return
+    except BaseException as e:  # the trainer reports it in one line
+        out.put({"error": f"{type(e).__name__}: {e}".splitlines()[0]})
