@@ -8,10 +8,12 @@ at most 8 minutes on one GPU, one table of step, status (ok / FAIL / skipped), s
     python bench/gpu_check.py --peak_tflops=989   # MFU against this peak (default: PEAK_TFLOPS)
 
 Each step runs in its own process (a failure, even a crashed CUDA context, stops no other one),
-its output in out_dir/<step>.log, its time capped (TIMEOUT_S sums to 7 min 50 s):
+its output in out_dir/<step>.log, its time capped (TIMEOUT_S sums to 8 min):
   cuda-tests  python -m pytest -m cuda -q -s -rA tests/test_cuda.py (skipped without CUDA)
   sft         sft.py configs/mul.py: held-out accuracy, peak memory (capped: --max_seconds)
   rl-grpo     rl.py --loss=grpo from that checkpoint: the same
+  rl-async    the same with --staleness=1 --async_rollouts=true: the sampler process on the same GPU
+              (or its own, when there are two): steps per second, each side's idle share
   throughput  one GRPO step (generate, rl.prepare, rl.update; random rewards) of a GPT-2-small
               shape (124M, vocab 50304, random init, bf16 autocast): tokens/s and MFU
   torchrun    torchrun --standalone --nproc_per_node=1 rl.py --loss=grpo: one step over NCCL
@@ -41,12 +43,13 @@ from model import GPT, GPTConfig, generate, seeded  # noqa: E402
 from nanorl.config import load_config  # noqa: E402
 from nanorl.loop import adamw  # noqa: E402
 
-TIMEOUT_S = {"cuda-tests": 130, "sft": 110, "rl-grpo": 130, "throughput": 40, "torchrun": 60}
+TIMEOUT_S = {"cuda-tests": 120, "sft": 100, "rl-grpo": 100, "rl-async": 60, "throughput": 40,
+             "torchrun": 60}
 TINY = ["--device=cpu", "--threads=1"]
-SFT_ARGS = {"gpu": ["--max_seconds=60"],  # the real config, its training time capped
+SFT_ARGS = {"gpu": ["--max_seconds=55"],  # the real config, its training time capped
             "cpu": ["--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=32",
                     "--max_iters=10", "--eval_samples=0", *TINY]}
-RL_ARGS = {"gpu": ["--max_seconds=80"],
+RL_ARGS = {"gpu": ["--max_seconds=60"],
            "cpu": ["--max_iters=2", "--eval_interval=2", "--prompts_per_step=4", "--group_size=4",
                    "--eval_samples=0", "--dynamic_sampling=false", *TINY]}
 TORCHRUN_ARGS = ["--loss=grpo", "--max_iters=1", "--prompts_per_step=8", "--group_size=4",
@@ -104,6 +107,25 @@ def run_rl(args, dev):
     first, last = eval_rows(out)[0], eval_rows(out)[-1]
     return f"held-out accuracy {first['eval/accuracy']:.3f} -> {last['eval/accuracy']:.3f} " \
            f"in {last['step']} steps, {peak_memory(dev)}"
+
+
+def run_rl_async(args, dev):
+    """rl.py --loss=grpo with the async sampler, from the sft step's checkpoint -> its result."""
+    out = os.path.join(args.out_dir, "rl-async")
+    shutil.rmtree(out, ignore_errors=True)
+    limit = ["--max_seconds=25"] if mode(args) == "gpu" else []
+    rl.main(load_config(rl.Config, ["--loss=grpo", "--staleness=1", "--async_rollouts=true",
+                                    f"--out_dir={out}", f"--sft_ckpt={args.out_dir}/sft-mul/ckpt.pt",
+                                    *RL_ARGS[mode(args)], *limit]))
+    with open(os.path.join(out, "metrics.jsonl")) as f:
+        steps = [r for r in map(json.loads, f) if "perf/trainer_idle_frac" in r][1:]  # after the start
+    if not steps:
+        return f"no async step after the first in {out}/metrics.jsonl"
+    mean = lambda k: sum(r[k] for r in steps) / len(steps)  # noqa: E731
+    return f"{len(steps) + 1} steps, {1 / mean('perf/step_s'):.2f} steps/s, idle: trainer " \
+           f"{mean('perf/trainer_idle_frac'):.2f} sampler {mean('perf/sampler_idle_frac'):.2f}, " \
+           f"version lag max {max(r.get('rl/version_lag_max', 0) for r in steps):g}, " \
+           f"{torch.cuda.device_count() if dev.type == 'cuda' else 0} GPU(s)"
 
 
 def now(dev):
@@ -170,7 +192,8 @@ def run_throughput(args, dev):
             f"{peak_memory(dev)}")
 
 
-CHILDREN = {"sft": run_sft, "rl-grpo": run_rl, "throughput": run_throughput}
+CHILDREN = {"sft": run_sft, "rl-grpo": run_rl, "rl-async": run_rl_async,
+            "throughput": run_throughput}
 
 
 def call(name, cmd, args):

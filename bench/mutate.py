@@ -58,6 +58,9 @@ AT_TEMPERATURE = (O + "stale_batch_at_a_temperature_recomputes_pi_old_at_it",)
 OFF_MASK = (O + "logp_mismatch_reads_only_the_policys_tokens",)
 GRADE = (R + "the_same_response_under_two_prompts_gets_each_prompts_grade",)
 MISMATCH = (R + "tempered_sampling_matches_training_and_dropout_is_off",)  # sft + 3 rl steps
+AS, A = "nanorl/asyncrl.py", "tests/test_async.py::test_"
+ASYNC_SAME = (A + "async_gives_the_simulated_stalenesss_weights_bit_for_bit",)
+ASYNC_INFLIGHT = (A + "inflight_swaps_weights_between_decode_steps_and_keeps_the_cache",)
 EV, DDP, EP = "nanorl/evaluate.py", "tests/test_ddp.py::test_", "nanorl/episodes.py"
 TL, E = "envs/calculator.py", "tests/test_envs.py::test_"
 GAME = (E + "the_game_by_hand", E + "every_output_gets_an_answer_and_counts_a_turn",
@@ -672,6 +675,17 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     (RL, 'dynamic = cfg.dynamic_sampling and algo.family == "pg" and "teacher" not in algo.needs',
      'dynamic = cfg.dynamic_sampling and algo.family == "pg"',
      "check: a teacher's rows drop their flat groups", DYNAMIC),
+    # issue 44: the async sampler's pacing, weight copy and versions
+    (AS, "source.wait_for(s - 1)  # pacing", "source.wait_for(s - 2)  # pacing",
+     "serve: the sampler samples ahead with an older version", ASYNC_SAME),
+    (AS, "        self.model.load_state_dict(weights)\n", "        pass\n",
+     "Weights.load: a published version never reaches the sampler's model", ASYNC_SAME),
+    (AS, "            self.source.poll()\n        orphaned(self.source.parent)\n        self.log.append(self.source.version)",
+     "            pass\n        orphaned(self.source.parent)\n        self.log.append(self.source.version)\n"
+     "        self.source.poll() if self.inflight else None",
+     "InFlight: a token's version recorded before the newer weights are loaded", ASYNC_INFLIGHT),
+    (AS, "lag = (version - batch.version)[m].double()", "lag = (version - 1 - batch.version)[m].double()",
+     "version_lag: one version short", ASYNC_SAME),
 ]
 
 

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEPS = ["cuda-tests", "sft", "rl-grpo", "throughput", "torchrun"]
+STEPS = ["cuda-tests", "sft", "rl-grpo", "rl-async", "throughput", "torchrun"]
 
 
 def test_cpu_smoke_prints_the_table_without_a_failure(tmp_path):
@@ -20,7 +20,8 @@ def test_cpu_smoke_prints_the_table_without_a_failure(tmp_path):
     assert [row[0] for row in rows] == STEPS
     assert rows[0][1:2] == ["skipped"] and rows[0][3] == "skipped (no CUDA)"
     assert all(row[1] == "ok" and float(row[2]) >= 0 for row in rows[1:]), rows
-    assert "tok/s" in rows[3][3] and "over gloo" in rows[4][3]
+    assert "steps/s, idle: trainer" in rows[3][3] and "version lag max 1" in rows[3][3]
+    assert "tok/s" in rows[4][3] and "over gloo" in rows[5][3]
     assert "prime-rl" in r.stdout and "https://github.com/" in r.stdout  # the published figure
 
 
