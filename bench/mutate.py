@@ -684,7 +684,7 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "            pass\n        orphaned(self.source.parent)\n        self.log.append(self.source.version)\n"
      "        self.source.poll() if self.inflight else None",
      "InFlight: a token's version recorded before the newer weights are loaded", ASYNC_INFLIGHT),
-    (AS, "lag = (version - batch.version)[m].double()", "lag = (version - 1 - batch.version)[m].double()",
+    (AS, "(version - batch.version)[batch.mask.bool()]", "(version - 1 - batch.version)[batch.mask.bool()]",
      "version_lag: one version short", ASYNC_SAME),
 ]
 

@@ -78,7 +78,7 @@ class Pipeline:
         """Step s: update on rollout s-k while the sampler makes rollout s -> the stats."""
         t0, s = time.time(), run.state.step + 1
         full = len(run.queue) == cfg.staleness  # rollout s-k is queued: this step updates
-        lag = version_lag(run.queue[0], s - 1) if full and run.queue[0] else {}
+        lag = version_lag(run.queue[0], s - 1) if full else {}
         # pg_step queues a stand-in for rollout s, trains on s-k; rollout s replaces it below
         stats = self.pg_step(cfg, algo, run, lr, gen, sample=lambda *_: (None, {}))
         self.publish(run, s)
@@ -120,12 +120,13 @@ class Pipeline:
 
 
 def version_lag(batch, version):
-    """The versions the trained tokens lag the trainer's: their mean and max over ranks."""
-    m = batch.mask.bool()
-    lag = (version - batch.version)[m].double()  # (tokens,)
-    n, total = all_reduce([float(m.sum()), float(lag.sum())]).tolist()
+    """The versions the trained tokens lag the trainer's: their mean and max over every rank's
+    (a rank whose batch is None has none; {} when no rank has any)."""
+    lag = torch.zeros(0) if batch is None else \
+        (version - batch.version)[batch.mask.bool()].double()  # (tokens,)
+    n, total = all_reduce([float(len(lag)), float(lag.sum())]).tolist()
     worst = all_reduce(float(lag.max()) if len(lag) else 0.0, "max").item()
-    return {"rl/version_lag_mean": total / max(n, 1), "rl/version_lag_max": worst}
+    return {"rl/version_lag_mean": total / n, "rl/version_lag_max": worst} if n else {}
 
 
 def sampler_device(dev, rank, world):
