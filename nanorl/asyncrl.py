@@ -24,7 +24,6 @@ and mu is what the sampler computed: the new weights over keys and values the ol
 """
 import itertools
 import os
-import queue
 import signal
 import time
 import weakref
@@ -64,13 +63,15 @@ class Pipeline:
         torch.set_num_threads(max(1, threads - threads // 2))
         dev = next(run.model.parameters()).device
         ctx = mp.get_context("spawn")  # a fresh interpreter: safe with CUDA and OpenMP
-        self.weights, self.rollouts = ctx.Queue(), ctx.Queue()
+        weights, self.weights = ctx.Pipe(duplex=False)  # (the sampler's end, ours) each
+        self.rollouts, rollouts = ctx.Pipe(duplex=False)
         state = {"sampler": run.prompts.state_dict(), "rm": run.rm and run.rm.state_dict()}
         self.proc = ctx.Process(target=serve, name=f"nanorl-sampler-{rank}", daemon=True, args=(
             asdict(cfg), type(cfg), run.hp, str(sampler_device(dev, rank, world)), rank, world,
-            run.state.step + 1, state, max(1, threads // 2), setup, sample, self.weights,
-            self.rollouts, os.getpid()))
+            run.state.step + 1, state, max(1, threads // 2), setup, sample, weights, rollouts,
+            os.getpid()))
         self.proc.start()
+        weights.close(), rollouts.close()  # the sampler's ends: its death reads as EOF here
         weakref.finalize(self, stop, self.proc, self.weights)  # at any exit of the trainer
         self.publish(run, run.state.step)
 
@@ -97,26 +98,28 @@ class Pipeline:
     def publish(self, run, version):
         """The policy's weights as version `version`, copied: the trainer goes on updating."""
         state = {k: v.detach().clone() for k, v in unwrap(run.model).state_dict().items()}
-        self.weights.put((version, state))
+        try:
+            self.weights.send((version, state))
+        except OSError:  # the sampler is gone: receive() says so
+            pass
 
     def receive(self, s):
         """Rollout s from the sampler -> its message; one line if it died, failed or hung."""
         t = time.time()
-        while True:
-            try:
-                msg = self.rollouts.get(timeout=1.0)
-            except queue.Empty:
-                if not self.proc.is_alive():
-                    raise UserError(f"the async sampler died (exit code {self.proc.exitcode}) "
-                                    f"before rollout {s}") from None
-                if time.time() - t > self.timeout:
-                    raise UserError(f"the async sampler sent no rollout in {self.timeout:g} s "
-                                    f"(--async_timeout): hung at rollout {s}") from None
-                continue
-            if "error" in msg:
-                raise UserError(f"the async sampler failed at rollout {s}: {msg['error']}")
-            assert msg["step"] == s, (msg["step"], s)  # rollouts come in order, one a step
-            return msg
+        while not self.rollouts.poll(1.0):
+            if time.time() - t > self.timeout and self.proc.is_alive():
+                raise UserError(f"the async sampler sent no rollout in {self.timeout:g} s "
+                                f"(--async_timeout): hung at rollout {s}")
+        try:
+            msg = self.rollouts.recv()
+        except EOFError:  # it exited, or was killed mid-message
+            self.proc.join(5)
+            raise UserError(f"the async sampler died (exit code {self.proc.exitcode}) before "
+                            f"rollout {s}") from None
+        if "error" in msg:
+            raise UserError(f"the async sampler failed at rollout {s}: {msg['error']}")
+        assert msg["step"] == s, (msg["step"], s)  # rollouts come in order, one a step
+        return msg
 
 
 def version_lag(batch, version):
@@ -139,7 +142,10 @@ def sampler_device(dev, rank, world):
 def stop(proc, weights):
     """End the sampler: ask, then terminate, then kill; never leave it behind."""
     if proc.is_alive():
-        weights.put(None)
+        try:
+            weights.send(None)
+        except OSError:
+            pass
         proc.join(2)
     if proc.is_alive():
         proc.terminate()
@@ -171,10 +177,10 @@ class InFlight(torch.nn.Module):
 
 
 class Weights:
-    """The sampler's end of the weight queue: loads versions into its model, in order."""
+    """The sampler's end of the weights' pipe: loads versions into its model, in order."""
 
-    def __init__(self, model, q, parent):
-        self.model, self.q, self.parent, self.version = model, q, parent, -1
+    def __init__(self, model, conn, parent):
+        self.model, self.conn, self.parent, self.version = model, conn, parent, -1
         self.idle = 0.0  # seconds spent waiting for a version
 
     def load(self, state):
@@ -187,19 +193,15 @@ class Weights:
         """Pacing: block until `version` (or, in flight, a newer one) is loaded."""
         t = time.time()
         while self.version < version:
-            try:
-                self.load(self.q.get(timeout=1.0))
-            except queue.Empty:
-                orphaned(self.parent)
+            if self.conn.poll(1.0):
+                self.load(self.conn.recv())
+            orphaned(self.parent)
         self.idle += time.time() - t
 
     def poll(self):
         """In flight: load every version published so far, without waiting."""
-        while True:
-            try:
-                self.load(self.q.get_nowait())
-            except queue.Empty:
-                return
+        while self.conn.poll():
+            self.load(self.conn.recv())
 
 
 def orphaned(parent):
@@ -216,7 +218,6 @@ def serve(cfg, cls, hp, dev, rank, world, first, state, threads, setup, sample, 
     torch.set_num_threads(threads)
     dev = torch.device(dev)
     try:
-        out.cancel_join_thread()  # exit without waiting for a trainer that no longer reads
         # this rank's share of each step's prompts, as collect() takes it under torchrun
         cfg = cls(**{**cfg, "prompts_per_step": cfg["prompts_per_step"] // world})
         algo = losses.ALGOS[cfg.loss]
@@ -233,10 +234,10 @@ def serve(cfg, cls, hp, dev, rank, world, first, state, threads, setup, sample, 
             with torch.autocast(dev.type, torch.bfloat16, enabled=cfg.bf16):
                 batch, stats = sample(cfg, algo, run, gen)
             idle_frac = (source.idle - idle) / (time.time() - t)
-            out.put({"step": s, "batch": offpolicy.to_dict(batch), "stats": stats,
+            out.send({"step": s, "batch": offpolicy.to_dict(batch), "stats": stats,
                      "idle_frac": idle_frac, "sampler": run.prompts.state_dict(),
                      "rm": run.rm and run.rm.state_dict()})
-    except SystemExit:
+    except (SystemExit, EOFError, BrokenPipeError):  # told to stop, or the trainer is gone
         return
     except BaseException as e:  # the trainer reports it in one line
-        out.put({"error": f"{type(e).__name__}: {e}".splitlines()[0]})
+        out.send({"error": f"{type(e).__name__}: {e}".splitlines()[0]})

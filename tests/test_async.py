@@ -3,7 +3,6 @@ staleness bound, in-flight weights (each token's version and mu), exact resume, 
 fails or hangs, kill -9 of either process, Ctrl-C, torchrun with 2 ranks, and the misuses' one line."""
 import json
 import os
-import queue
 import signal
 import subprocess
 import sys
@@ -137,18 +136,18 @@ def test_inflight_swaps_weights_between_decode_steps_and_keeps_the_cache():
 
 def test_a_failing_sampler_reports_one_line():
     """An exception in the sampler reaches the trainer as its message, on one line."""
-    out = torch.multiprocessing.get_context("spawn").Queue()
+    received, out = torch.multiprocessing.get_context("spawn").Pipe(duplex=False)
 
     def setup(*a):
         raise ValueError("bad row\nmore")
     handler, threads = signal.getsignal(signal.SIGINT), torch.get_num_threads()
     try:
-        asyncrl.serve(vars(rl.Config()), rl.Config, {}, "cpu", 0, 1, 1, {}, 1, setup, None, queue.Queue(), out,
+        asyncrl.serve(vars(rl.Config()), rl.Config, {}, "cpu", 0, 1, 1, {}, 1, setup, None, None, out,
                       os.getppid())
     finally:
         signal.signal(signal.SIGINT, handler)
         torch.set_num_threads(threads)
-    assert out.get(timeout=5) == {"error": "ValueError: bad row"}
+    assert received.poll(5) and received.recv() == {"error": "ValueError: bad row"}
 
 
 @pytest.mark.parametrize("kw, msg", [
