@@ -84,7 +84,7 @@ class Rollout:  # N = prompts x G samples, responses aligned at 0
     turn_rewards: torch.Tensor = None  # (N, L) an environment's, at its turns' ends
     turns: torch.Tensor = None  # (N,) an environment's turns
     invalid: torch.Tensor = None  # (N,) the turns it could not take
-    version: torch.Tensor = None  # (N, L) --async_rollouts: the policy version of each token
+    version: torch.Tensor = None  # (N, L) async: each token's policy version
 
     def episode_return(self):
         """(N,) the score plus the turns' rewards: the reward without shaping."""
@@ -485,8 +485,9 @@ def main(cfg):
     if rank == 0:
         print(f"hparams: {run.hp}", flush=True)
     train_step = pg_step if algo.family == "pg" else pref_step
-    if cfg.async_rollouts or cfg.inflight:  # a sampler process, overlapped: nanorl/asyncrl.py
-        train_step = asyncrl.Pipeline(cfg, algo, run, rank, world, setup, sample, pg_step, Rollout)
+    if cfg.async_rollouts or cfg.inflight:  # a sampler process: nanorl/asyncrl.py
+        train_step = asyncrl.Pipeline(cfg, algo, run, rank, world, setup, sample, pg_step,
+                                      Rollout)
     hparams = {f"hparams/{k}": v for k, v in run.hp.items() if v is not None}
     with loop.Clock(cfg, run.state, rank, resolved={**run_config, "hparams": run.hp}) as clock:
         if not cfg.resume:
