@@ -15,7 +15,7 @@ install-test:
 demo: install
 	$(PYTHON) -m data.tasks --task=mul
 	$(PYTHON) sft.py configs/mul.py $(DEMO_ARGS)
-	$(PYTHON) rl.py --loss=dapo --eval_interval=100 $(DEMO_ARGS)
+	$(PYTHON) rl.py --loss=dapo --max_iters=500 --eval_interval=100 $(DEMO_ARGS)
 	@echo "make demo: success is a held-out gain of +10 points or more on the line above (RL over SFT)"
 test: install-test
 	$(PYTHON) -m pytest
