@@ -16,13 +16,15 @@ import time
 from collections import deque
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from typing import Optional
 
 import torch
 
 import losses
 from model import generate, logprobs, seeded
-from nanorl import asyncrl, cliff, cov, distill, loop, offpolicy, pref, remax, rm, rows
+from nanorl import (asyncrl, cliff, cov, distill, loop, offpolicy, pref, remax, rm, rollout_log,
+                    rows)
 from nanorl.checkpoint import unwrap
 from nanorl.config import UserError, check_bounds, run_cli
 from nanorl.ddp import all_reduce, bf16_default, mean_over_ranks, world_size
@@ -36,8 +38,8 @@ SHOWN = ("loss reward_mean rm_reward accuracy margin pair_accuracy z n_groups "
 
 
 @dataclass  # and the flags of the loop, the losses (None: the row's) and the features
-class Config(rm.Flags, pref.Flags, distill.Flags, offpolicy.Flags, losses.Knobs,
-             loop.LoopConfig):
+class Config(rm.Flags, pref.Flags, distill.Flags, offpolicy.Flags, rollout_log.Flags,
+             losses.Knobs, loop.LoopConfig):
     loss: str = "grpo"  # a row of losses.ALGOS
     out_dir: str = ""  # "" = out/rl-<loss>
     sft_ckpt: str = "out/sft-mul/ckpt.pt"
@@ -263,6 +265,8 @@ def pg_step(cfg, algo, run, lr, gen, sample=sample):
     if all_reduce(float(batch is None), "max").item():  # on any rank: no update
         return mean_over_ranks(stats)
     ref_lp, adv, inputs, prepared = prepare(cfg, algo, run, batch)
+    if cfg.log_rollouts and (run.state.step + 1) % cfg.log_every == 0:
+        rollout_log.write(cfg, run, batch, stats, adv, ref_lp)  # nanorl/rollout_log.py
     stats.update(prepared, **update(cfg, algo, run, batch, adv, inputs, ref_lp, lr, gen))
     stats = mean_over_ranks({**stats, **rollout_metrics(
         batch, ref_lp, inputs.get("value_targets"), run.hp.get("beta"))})
@@ -473,7 +477,7 @@ def line(cfg, stats):
 
 def main(cfg):
     cfg, algo, hp = check(cfg)
-    dev, rank, world = loop.start(cfg)
+    dev, rank, world = loop.start(cfg, positive=("log_every",))
     cfg = replace(cfg, bf16=dev.type == "cuda" and bf16_default(dev) if cfg.bf16 is None
                   else cfg.bf16)  # None: bf16 on CUDA where native; RL on CPU stays fp32
     if cfg.prompts_per_step % world or cfg.pairs_per_step % world:
@@ -488,6 +492,9 @@ def main(cfg):
     if cfg.async_rollouts or cfg.inflight:  # a sampler process: nanorl/asyncrl.py
         train_step = asyncrl.Pipeline(cfg, algo, run, rank, world, setup, sample, pg_step,
                                       Rollout)
+    if cfg.replay:  # train on a rollout log, not on samples: nanorl/rollout_log.py
+        rollout_log.check(cfg, algo)
+        train_step = partial(pg_step, sample=rollout_log.Replay(cfg.replay, Rollout))
     hparams = {f"hparams/{k}": v for k, v in run.hp.items() if v is not None}
     with loop.Clock(cfg, run.state, rank, resolved={**run_config, "hparams": run.hp}) as clock:
         if not cfg.resume:

@@ -61,6 +61,9 @@ MISMATCH = (R + "tempered_sampling_matches_training_and_dropout_is_off",)  # sft
 AS, A = "nanorl/asyncrl.py", "tests/test_async.py::test_"
 ASYNC_SAME = (A + "async_gives_the_simulated_stalenesss_weights_bit_for_bit",)
 ASYNC_INFLIGHT = (A + "inflight_swaps_weights_between_decode_steps_and_keeps_the_cache",)
+LOG, LG = "nanorl/rollout_log.py", "tests/test_rollout_log.py::test_"
+LOG_FIELDS = (LG + "the_log_holds_the_rollout_and_the_advantages_the_update_took",)
+LOG_REPLAY = (LG + "replay_gives_the_logged_runs_weights",)
 EV, DDP, EP = "nanorl/evaluate.py", "tests/test_ddp.py::test_", "nanorl/episodes.py"
 TL, E = "envs/calculator.py", "tests/test_envs.py::test_"
 GAME = (E + "the_game_by_hand", E + "every_output_gets_an_answer_and_counts_a_turn",
@@ -686,6 +689,14 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "InFlight: a token's version recorded before the newer weights are loaded", ASYNC_INFLIGHT),
     (AS, "(version - batch.version)[batch.mask.bool()]", "(version - 1 - batch.version)[batch.mask.bool()]",
      "version_lag: one version short", ASYNC_SAME),
+    # issue 45: the rollout log and replay
+    (LOG, '"role": "policy" if batch.mask[r, t] else "env"', '"role": "env" if batch.mask[r, t] else "policy"',
+     "records: a token's role flipped", LOG_FIELDS),
+    (LOG, '"adv": adv[r, t].item(),', '"adv": adv[r, max(t - 1, 0)].item(),',
+     "records: each token shows the advantage of the token before", LOG_FIELDS),
+    (RL, "train_step = partial(pg_step, sample=rollout_log.Replay(cfg.replay, Rollout))",
+     "train_step = partial(pg_step, sample=sample if rollout_log.Replay(cfg.replay, Rollout) else None)",
+     "main: --replay samples afresh instead of reading the log", LOG_REPLAY),
 ]
 
 

@@ -155,7 +155,8 @@ def nonfinite(loss, model):
 # what a resumed run may set anew: when it stops, evaluates, saves and logs, where it runs, memory
 MAY_CHANGE = {"max_iters", "max_seconds", "eval_interval", "val_interval", "ckpt_interval",
               "log_interval", "eval_samples", "target_val_accuracy", "resume", "out_dir", "device",
-              "threads", "compile", "micro_batch_size", "sample_batch_size", "wandb",
+              "threads", "compile", "micro_batch_size", "sample_batch_size", "log_rollouts",
+              "log_every", "wandb",
               "wandb_project", "wandb_run_name", "wandb_group"}
 
 

@@ -22,6 +22,7 @@ TINY = {  # flags appended to each script's command: every run a few seconds
     "rl.py": ["--max_iters=1", "--eval_interval=1", "--prompts_per_step=2", "--group_size=2", "--eval_samples=0",
               "--pairs_per_step=4", "--threads=1"],
     "sample.py": [],
+    "nanorl.view": [],
     "bench/guess.py": [],
     "bench/executed_lines.py": ["--max_iters=1", "--eval_interval=1", "--prompts_per_step=2", "--group_size=2",
                                 "--threads=1"],
@@ -35,6 +36,8 @@ NOT_RUN = {  # a pattern of the command -> why no test runs it as written
                                     "runs of compare, gpu_check, grad_lab and same_weights are tested",
     r"--init_from=gpt2": "downloads GPT-2's weights: tests/test_hf.py maps a tiny random HF GPT-2 offline",
     r"path/to/": "a template: tests/test_task.py runs a folder task through sft.py, rl.py and sample.py",
+    r"--replay=": "replays a log, which a tiny run that never updates leaves empty: tests/test_rollout_log.py "
+                  "replays whole logs of 20 steps",
 }
 
 
@@ -82,10 +85,12 @@ def test_every_command_is_run_here_or_says_why_not():
     assert not unmarked, f"README commands that no test runs must say why (a long run, an install): {unmarked}"
 
 
-STAGES = ["data.tasks", "sft.py", "reward_model.py", "rl.py", "sample.py", "bench/guess.py", "bench/executed_lines.py"]
+STAGES = ["data.tasks", "sft.py", "reward_model.py", "rl.py", "nanorl.view", "sample.py", "bench/guess.py",
+          "bench/executed_lines.py"]
 
 
 @pytest.mark.filterwarnings("ignore:'data.tasks' found in sys.modules")  # runpy of an imported module
+@pytest.mark.filterwarnings("ignore:'nanorl.view' found in sys.modules")
 def test_every_command_runs_on_tiny_settings(tmp_path, monkeypatch, capsys):
     """Each in order, as a reader would run them after one another; sample.py prints an accuracy
     when its prompts have answers."""
@@ -102,11 +107,12 @@ def test_every_command_runs_on_tiny_settings(tmp_path, monkeypatch, capsys):
             for new, old in SEEDED.items():
                 (tmp_path / new).symlink_to(tmp_path / old)
             seeded = True
-        argv = shlex.split(command)[(3 if script == "data.tasks" else 2):] + TINY[script]
+        module = not script.endswith(".py")  # python -m NAME
+        argv = shlex.split(command)[(3 if module else 2):] + TINY[script]
         monkeypatch.setattr(sys, "argv", [script, *argv])
         try:
-            if script == "data.tasks":
-                runpy.run_module("data.tasks", run_name="__main__")
+            if module:
+                runpy.run_module(script, run_name="__main__")
             else:
                 runpy.run_path(str(ROOT / script), run_name="__main__")
         except SystemExit as e:

@@ -1,0 +1,167 @@
+"""Read a run's rollout log (nanorl/rollout_log.py): in the terminal, or as one static page.
+
+    python -m nanorl.view out/rl-grpo                  # every logged step
+    python -m nanorl.view out/rl-grpo --step=25 --no_color
+    python -m nanorl.view out/rl-grpo --html=rollouts.html
+
+A step's groups with their rewards; each row's response token by token, coloured by who wrote it
+(the environment's tokens dim) and the policy's by the sign of their advantage (green +, red -);
+a surprising token (mu below log 0.05, or |log pi_old - log mu| above 1) is underlined (and, in
+the terminal, listed under its row). The page (no server, no network: its data, style and script
+are inside it) has a step to pick, the step's groups side by side, each token's log-probs, ratio
+pi_old / mu and advantage on hover, and a column of each prompt's mean group reward at every
+logged step. A URL ending #hover=ROW,TOKEN opens with that token hovered.
+"""
+import argparse
+import glob
+import html
+import json
+import math
+import os
+import sys
+
+DIM, GREEN, RED, UNDER, END = "\033[2m", "\033[32m", "\033[31m", "\033[4m", "\033[0m"
+SURPRISE_MU, SURPRISE_GAP = math.log(0.05), 1.0
+
+
+def surprising(tok):
+    return tok["role"] == "policy" and (tok["mu"] < SURPRISE_MU or abs(tok["old"] - tok["mu"]) > SURPRISE_GAP)
+
+
+def paint(tok, color):
+    """One token as the terminal shows it."""
+    text = tok["text"].replace("\n", "\\n")
+    if not color:
+        return f"[{text}]" if tok["role"] == "env" else text
+    style = DIM if tok["role"] == "env" else GREEN if tok["adv"] > 0 else RED if tok["adv"] < 0 else ""
+    return style + (UNDER if surprising(tok) else "") + text + END
+
+
+def read(file):
+    """A step's JSONL -> its records, or one line naming the file."""
+    try:
+        with open(file) as f:
+            return [json.loads(line) for line in f]
+    except (OSError, json.JSONDecodeError) as e:
+        raise SystemExit(f"error: {file}: not a whole rollout log ({type(e).__name__})") from None
+
+
+def show(records, color=True, out=None):
+    """A step's records, group by group (to out, or stdout)."""
+    out = out or sys.stdout
+    groups = {}
+    for r in records:
+        groups.setdefault(r["group"], []).append(r)
+    for g, rows in groups.items():
+        rewards = " ".join(f"{r['reward']:.2f}" for r in rows)
+        print(f"step {rows[0]['step']} (version {rows[0]['version']}) group {g}: {rows[0]['prompt']!r}"
+              f"  rewards {rewards}", file=out)
+        for r in rows:
+            turns = "" if r["turns"] is None else f" turns {r['turns']}"
+            cut = " truncated" if r["truncated"] else ""
+            line = "".join(paint(t, color) for t in r["tokens"])
+            print(f"  reward {r['reward']:+.3f} score {r['score']:.2f}{turns}{cut} | {line}", file=out)
+            for t in (t for t in r["tokens"] if surprising(t)):
+                print(f"      surprising {t['text']!r}: mu {t['mu']:.2f} pi_old {t['old']:.2f} "
+                      f"adv {t['adv']:+.3f}", file=out)
+
+
+PAGE = r"""<!doctype html><html><head><meta charset="utf-8"><title>nanorl rollouts: TITLE</title><style>
+body{font:13px monospace;margin:12px;background:#fff;color:#222}#main{display:flex;gap:16px}
+#groups{display:flex;gap:12px;flex:1;overflow-x:auto}.group{border:1px solid #ccc;padding:6px;min-width:220px}
+.row{margin:3px 0;white-space:pre-wrap}.meta{color:#666}.t{padding:0 1px}
+.env{color:#999;font-style:italic}.surprise{text-decoration:underline wavy #c60}
+#tip{position:fixed;display:none;background:#ffd;border:1px solid #aa8;padding:4px;white-space:pre}
+#moves td{padding:1px 6px;border-bottom:1px solid #eee}#moves{border-collapse:collapse}
+</style></head><body><h3>TITLE</h3>step <select id="step"></select><div id="main"><div id="groups"></div>
+<table id="moves"></table></div><div id="tip"></div><script>
+const LOG = DATA;
+const f = x => x === null || x === undefined ? "-" : x.toFixed(3);
+function draw(step) {
+  const g = document.getElementById("groups"); g.innerHTML = "";
+  const groups = {};
+  LOG[step].forEach(r => (groups[r.group] = groups[r.group] || []).push(r));
+  Object.values(groups).forEach(rows => {
+    const d = document.createElement("div"); d.className = "group";
+    d.innerHTML = "<b></b><div class=meta></div>";
+    d.querySelector("b").textContent = "group " + rows[0].group + ": " + rows[0].prompt;
+    d.querySelector(".meta").textContent = "rewards " + rows.map(r => r.reward.toFixed(2)).join(" ");
+    rows.forEach(r => {
+      const e = document.createElement("div"); e.className = "row"; e.dataset.row = r.row;
+      e.innerHTML = "<span class=meta>" + r.reward.toFixed(2) + (r.truncated ? " cut" : "") + " | </span>";
+      r.tokens.forEach((t, i) => {
+        const s = document.createElement("span"); s.textContent = t.text; s.dataset.i = i;
+        const a = Math.min(0.8, 0.15 + Math.abs(t.adv));
+        s.className = "t " + t.role + (t.role !== "policy" ? "" : t.adv > 0 ? " pos" : t.adv < 0 ? " neg" : "") +
+          (t.role === "policy" && (t.mu < SMU || Math.abs(t.old - t.mu) > SGAP) ? " surprise" : "");
+        if (t.role === "policy" && t.adv) s.style.background = t.adv > 0 ? "rgba(40,160,60," + a + ")" : "rgba(210,50,50," + a + ")";
+        s.onmouseover = ev => tip(t, ev.clientX, ev.clientY); s.onmouseout = () => tip(null);
+        e.appendChild(s);
+      });
+      d.appendChild(e);
+    });
+    g.appendChild(d);
+  });
+}
+function tip(t, x, y) {
+  const el = document.getElementById("tip");
+  if (!t) { el.style.display = "none"; return; }
+  el.textContent = JSON.stringify(t.text) + " (" + t.role + ")\nmu " + f(t.mu) + "  pi_old " + f(t.old) +
+    "  ref " + f(t.ref) + "\nratio pi_old/mu " + f(Math.exp(t.old - t.mu)) + "\nadvantage " + f(t.adv) +
+    "  turn reward " + f(t.turn_reward) + (t.version === undefined ? "" : "\nversion " + t.version);
+  el.style.left = (x + 12) + "px"; el.style.top = (y + 12) + "px"; el.style.display = "block";
+}
+function moves() {
+  const steps = Object.keys(LOG), by = {};
+  steps.forEach(s => LOG[s].forEach(r => {
+    const k = r.prompt, m = (by[k] = by[k] || {}); (m[s] = m[s] || []).push(r.reward); }));
+  let h = "<tr><th>prompt: mean group reward</th>" + steps.map(s => "<th>" + s + "</th>").join("") + "</tr>";
+  Object.entries(by).forEach(([p, m]) => { h += "<tr><td></td>" + steps.map(s => "<td>" + (m[s] ?
+    (m[s].reduce((a, b) => a + b, 0) / m[s].length).toFixed(2) : "") + "</td>").join("") + "</tr>"; });
+  const tab = document.getElementById("moves"); tab.innerHTML = h;
+  Object.keys(by).forEach((p, i) => tab.rows[i + 1].cells[0].textContent = p);
+}
+const sel = document.getElementById("step");
+Object.keys(LOG).forEach(s => sel.add(new Option("step " + s, s)));
+sel.onchange = () => draw(sel.value); if (sel.options.length) draw(sel.value); moves();
+const h = location.hash.match(/hover=(\d+),(\d+)/);
+if (h) { const s = document.querySelector(`.row[data-row="${h[1]}"] .t[data-i="${h[2]}"]`);
+  const r = s.getBoundingClientRect(); s.dispatchEvent(new MouseEvent("mouseover", {clientX: r.x, clientY: r.y})); }
+</script></body></html>"""
+
+
+def page(logs, title):
+    """{step: records} -> one self-contained HTML page."""
+    data = json.dumps({str(s): recs for s, recs in sorted(logs.items())}).replace("</", "<\\/")
+    return PAGE.replace("DATA", data).replace("TITLE", html.escape(title)) \
+        .replace("SMU", repr(SURPRISE_MU)).replace("SGAP", repr(SURPRISE_GAP))
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("out_dir", help="a run's out_dir (or its rollouts/ folder)")
+    p.add_argument("--step", type=int, default=0, help="only this step (0: every logged step)")
+    p.add_argument("--no_color", action="store_true")
+    p.add_argument("--html", default="", help="write the log as one static page to this file")
+    a = p.parse_args(argv)
+    folder = a.out_dir if os.path.basename(a.out_dir.rstrip("/")) == "rollouts" else \
+        os.path.join(a.out_dir, "rollouts")
+    if not os.path.isdir(a.out_dir):
+        raise SystemExit(f"error: no folder {a.out_dir} (a run's out_dir)")
+    files = sorted(glob.glob(os.path.join(folder, "step_*.jsonl")))
+    if a.step:
+        files = [f for f in files if f.endswith(f"step_{a.step:06d}.jsonl")]
+    if not files:
+        print(f"no step logged in {folder}" + (f" at step {a.step}" if a.step else "") +
+              " (rl.py logs every --log_every steps, and only steps that update)")
+    if a.html:
+        with open(a.html, "w") as f:
+            f.write(page({int(os.path.basename(f)[5:11]): read(f) for f in files}, a.out_dir))
+        print(f"wrote {a.html}: {len(files)} steps")
+        return
+    for f in files:
+        show(read(f), color=not a.no_color and sys.stdout.isatty())
+
+
+if __name__ == "__main__":
+    main()
