@@ -19,7 +19,8 @@ are also a wandb Table, "rollouts". Cost on the default task (2 groups of 16 row
 --replay=DIR: step s trains on DIR's step_<s>.pt instead of sampling (the log of a run with
 --log_rollouts=-1 --log_every=1; a step without a file had no update). From the same SFT
 checkpoint this gives the logged run's weights bit for bit (the update's own random numbers aside:
---minibatches > 1, Clip-/KL-Cov); with another --loss or knob, the same data under another update.
+--minibatches > 1, Clip-/KL-Cov); with another --loss or knob, the same data under another update,
+its ratio anchored at the logged policy's pi_old.
 """
 import json
 import os
