@@ -104,14 +104,19 @@ def write(cfg, run, batch, stats, adv, ref_lp):
     atomic(path(folder, step, "pt"), lambda tmp: torch.save(
         {"step": step, "whole": whole, "batch": offpolicy.to_dict(part), "stats": stats}, tmp))
     if cfg.wandb:  # the same rows as a wandb Table (TRL's log_completions), where wandb runs
-        wandb_table(recs)
+        wandb_table(recs, step)
 
 
-def wandb_table(recs):
+def wandb_table(recs, step):
     import wandb
-    if wandb.run is not None:  # rank 0's
-        cols = ["step", "version", "group", "prompt", "response", "score", "reward", "turns"]
-        wandb.log({"rollouts": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in recs])})
+    if wandb.run is None:  # not rank 0, or wandb failed to start (the Logger said so)
+        return
+    cols = ["step", "version", "group", "prompt", "response", "score", "reward", "turns"]
+    try:
+        wandb.log({"rollouts": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in recs])},
+                  step=step)
+    except Exception as e:  # as the Logger: wandb never stops a run
+        print(f"warning: the rollouts' wandb Table not logged ({type(e).__name__}: {e})", flush=True)
 
 
 def load(file):

@@ -140,3 +140,18 @@ def test_the_viewer_colours_by_role_and_advantage_and_marks_surprises(capsys):
     assert "surprising '0': mu -4.00 pi_old -0.10 adv -0.200" in out and out.count("surprising") == 1
     view.show([rec], color=False)
     assert "| 50|[<]" in capsys.readouterr().out
+
+
+def test_with_wandb_the_sample_is_a_table_offline(sft_ckpt, tmp_path, monkeypatch, varied_reward):  # noqa: F811
+    """--wandb=true: the logged rows are also a wandb Table, "rollouts" (offline mode)."""
+    for k, v in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path),
+                 "WANDB_CONSOLE": "off"}.items():
+        monkeypatch.setenv(k, v)
+    rl.main(rl.Config(out_dir=str(tmp_path / "run"), sft_ckpt=sft_ckpt, wandb=True, log_every=2,
+                      dynamic_sampling=False, **TINY_RL))
+    tables = list((tmp_path / "run" / "wandb").glob("offline-run-*/files/media/table/rollouts_*.table.json"))
+    assert len(tables) == 1
+    t = json.loads(tables[0].read_text())
+    assert t["columns"][:5] == ["step", "version", "group", "prompt", "response"] and len(t["data"]) == 2 * 4
+    recs, _ = logged(tmp_path / "run", 2)
+    assert [row[4] for row in t["data"]] == [r["response"] for r in recs]
