@@ -1,8 +1,11 @@
 """Real async RL, opened by --async_rollouts: a sampler process makes rollouts while the trainer
 updates, with policy versions, pacing and (--inflight) weight updates in flight.
 
-    python rl.py --loss=grpo --staleness=1 --async_rollouts=true
-    python rl.py --loss=grpo --staleness=2 --async_rollouts=true --inflight=true
+    python rl.py --loss=grpo --staleness=1 --async_rollouts=true --decoupled=true
+    python rl.py --loss=grpo --staleness=2 --async_rollouts=true --inflight=true --rollout_is=tis
+
+(Stale tokens want a correction: without one, one step of staleness collapses the guess game;
+bench/README.md.)
 
 The trainer (rl.py's process) and a sampler (spawned here, one per torchrun rank) each hold the
 policy. The weights after step s are version s; at step s, with k = --staleness >= 1:
