@@ -490,7 +490,7 @@ def main(cfg):
         print(f"hparams: {run.hp}", flush=True)
     train_step = pg_step if algo.family == "pg" else pref_step
     if cfg.async_rollouts or cfg.inflight:  # a sampler process: nanorl/asyncrl.py
-        train_step = asyncrl.Pipeline(cfg, algo, run, rank, world, setup, sample, pg_step,
+        train_step = asyncrl.Pipeline(cfg, run, rank, world, setup, sample, pg_step,
                                       Rollout)
     if cfg.replay:  # train on a rollout log, not on samples: nanorl/rollout_log.py
         rollout_log.check(cfg, algo)

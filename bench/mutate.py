@@ -690,9 +690,10 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     (AS, "(version - batch.version)[batch.mask.bool()]", "(version - 1 - batch.version)[batch.mask.bool()]",
      "version_lag: one version short", ASYNC_SAME),
     # issue 45: the rollout log and replay
-    (LOG, '"role": "policy" if batch.mask[r, t] else "env"', '"role": "env" if batch.mask[r, t] else "policy"',
+    (LOG, '"role": "policy" if masks[r][t] else "env"', '"role": "env" if masks[r][t] else "policy"',
      "records: a token's role flipped", LOG_FIELDS),
-    (LOG, '"adv": adv[r, t].item(),', '"adv": adv[r, max(t - 1, 0)].item(),',
+    (LOG, '"ref": None, **{k: v[r][t] for k, v in lists.items()}}',
+     '"ref": None, **{k: v[r][max(t - 1, 0)] if k == "adv" else v[r][t] for k, v in lists.items()}}',
      "records: each token shows the advantage of the token before", LOG_FIELDS),
     (RL, "train_step = partial(pg_step, sample=rollout_log.Replay(cfg.replay, Rollout))",
      "train_step = partial(pg_step, sample=sample if rollout_log.Replay(cfg.replay, Rollout) else None)",

@@ -59,7 +59,7 @@ def check(cfg):
 class Pipeline:
     """The trainer's end of the pipeline, rl.py's step function when --async_rollouts is on."""
 
-    def __init__(self, cfg, algo, run, rank, world, setup, sample, pg_step, rollout_cls):
+    def __init__(self, cfg, run, rank, world, setup, sample, pg_step, rollout_cls):
         check(cfg)
         self.pg_step, self.rollout_cls, self.timeout = pg_step, rollout_cls, cfg.async_timeout
         threads = torch.get_num_threads()  # the sync run's, shared: the sampler takes half
@@ -175,8 +175,11 @@ class InFlight(torch.nn.Module):
         return self.model(*args, **kwargs)
 
     def versions(self, n):
-        """(n,) the versions of the last n forwards: one generate call's decode steps."""
-        return torch.tensor(self.log[-n:], device=self.lm_head.weight.device)
+        """(n,) the versions of the last n forwards: one generate call's decode steps, read once
+        at its end, which starts the next call's record afresh."""
+        out = torch.tensor(self.log[-n:], device=self.lm_head.weight.device)
+        self.log.clear()
+        return out
 
 
 class Weights:

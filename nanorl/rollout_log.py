@@ -6,15 +6,16 @@ reads it and as the trainer took it, and --replay, which trains on a log instead
     python rl.py --loss=dapo --replay=out/rl-log/rollouts --out_dir=out/rl-replay   # the same data
     python -m nanorl.view out/rl-log                                   # read it (nanorl/view.py)
 
-Step s writes out_dir/rollouts/step_<s>.jsonl, a record per row of its first --log_rollouts groups
-(negative: all) after the advantages are computed: step, version (the weights that sampled it), group,
-prompt and response as the model reads them, score, reward, turns, truncated, and per response
-token its text, role (policy or env: the environment's tokens), mu, old (pi_old), ref (the
-reference's log-prob, when the row has a KL term), adv and turn_reward; and step_<s>.pt, those
+Step s writes out_dir/rollouts/step_<s>.jsonl, a record per row of its first --log_rollouts
+groups (negative: all) after the advantages are computed: step, version (the weights that
+sampled it), group, prompt and response as the model reads them, score, reward, turns,
+truncated, and per response token its text, role (policy or env: the environment's tokens), mu,
+old (pi_old), ref (the reference's log-prob, when the row has a KL term, else null), adv,
+turn_reward and (async) version; and step_<s>.pt, those
 rows as the Rollout the trainer took (and the step's sampling stats). Both are written to a
 temporary name and renamed, so a killed run leaves whole files only. With --wandb=true the rows
 are also a wandb Table, "rollouts". Cost on the default task (2 groups of 16 rows every 25 steps):
-42 KB and 3 ms a logged step, 0.5 MB over a 300-step run (bench/README.md).
+42 KB and 2 ms a logged step, 0.5 MB over a 300-step run (bench/README.md).
 
 --replay=DIR: step s trains on DIR's step_<s>.pt instead of sampling (the log of a run with
 --log_rollouts=-1 --log_every=1; a step without a file had no update). From the same SFT
@@ -41,11 +42,11 @@ class Flags:  # rl.py's flags of the rollout log
 
 
 def check(cfg, algo):
-    """--replay against the run: one line where it does not fit."""
-    if cfg.replay and (algo.family != "pg" or cfg.staleness or cfg.async_rollouts):
+    """--replay (set) against the run: one line where it does not fit."""
+    if algo.family != "pg" or cfg.staleness or cfg.async_rollouts:
         raise UserError("--replay trains a policy-gradient row on what each logged step trained "
                         "on: it needs --staleness=0 and no --async_rollouts")
-    if cfg.replay and not os.path.isdir(cfg.replay):
+    if not os.path.isdir(cfg.replay):
         raise UserError(f"--replay: no folder {cfg.replay} (a run's out_dir/rollouts)")
 
 
@@ -65,27 +66,29 @@ def records(tok, batch, adv, ref_lp, step, version, G):
     N, L = batch.mask.shape
     P = batch.ids.size(1) - L
     adv = adv[:, None].expand(N, L) if adv.dim() == 1 else adv  # (N, L)
-    out = []
-    for r in range(N):
-        n, ids = int(batch.length[r]), batch.ids[r].tolist()
-        resp = ids[P:P + n]
-        tokens = [{"text": tok.decode([i]), "role": "policy" if batch.mask[r, t] else "env",
-                   "mu": batch.mu[r, t].item(), "old": batch.old_logp[r, t].item(),
-                   "ref": None if ref_lp is None else ref_lp[r, t].item(),
-                   "adv": adv[r, t].item(),
-                   "turn_reward": 0.0 if batch.turn_rewards is None else batch.turn_rewards[r, t].item(),
-                   **({} if batch.version is None else {"version": int(batch.version[r, t])})}
+    turn_rewards = torch.zeros(N, L) if batch.turn_rewards is None else batch.turn_rewards
+    fields = {"mu": batch.mu, "old": batch.old_logp, "ref": ref_lp, "adv": adv,
+              "turn_reward": turn_rewards, "version": batch.version}  # version: async's only
+    # each (N, L) field as lists once, not an .item() a token; ref None without a KL term
+    lists = {k: v.tolist() for k, v in fields.items() if v is not None}
+    masks, out = batch.mask.tolist(), []
+    for r, ids in enumerate(batch.ids.tolist()):
+        resp = ids[P:P + int(batch.length[r])]
+        tokens = [{"text": tok.decode([i]), "role": "policy" if masks[r][t] else "env",
+                   "ref": None, **{k: v[r][t] for k, v in lists.items()}}
                   for t, i in enumerate(resp)]
         out.append({"step": step, "version": version, "group": r // G, "row": r,
-                    "prompt": tok.decode(ids[int(batch.offsets[r]):P]), "response": tok.decode(resp),
-                    "score": batch.score[r].item(), "reward": batch.reward[r].item(),
+                    "prompt": tok.decode(ids[int(batch.offsets[r]):P]),
+                    "response": tok.decode(resp), "score": batch.score[r].item(),
+                    "reward": batch.reward[r].item(),
                     "turns": None if batch.turns is None else int(batch.turns[r]),
                     "truncated": not bool(batch.finished[r]), "tokens": tokens})
     return out
 
 
 def write(cfg, run, batch, stats, adv, ref_lp):
-    """Step s's first --log_rollouts groups (negative: all) -> out_dir/rollouts/step_<s>.{jsonl,pt}."""
+    """Step s's first --log_rollouts groups (negative: all) -> out_dir/rollouts/step_<s>.jsonl
+    and .pt."""
     step, G = run.state.step + 1, cfg.group_size
     n = len(batch.ids) if cfg.log_rollouts < 0 else min(len(batch.ids), cfg.log_rollouts * G)
     rows = torch.arange(n)
@@ -113,10 +116,11 @@ def wandb_table(recs, step):
         return
     cols = ["step", "version", "group", "prompt", "response", "score", "reward", "turns"]
     try:
-        wandb.log({"rollouts": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in recs])},
-                  step=step)
+        table = wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in recs])
+        wandb.log({"rollouts": table}, step=step)
     except Exception as e:  # as the Logger: wandb never stops a run
-        print(f"warning: the rollouts' wandb Table not logged ({type(e).__name__}: {e})", flush=True)
+        print(f"warning: the rollouts' wandb Table not logged ({type(e).__name__}: {e})",
+              flush=True)
 
 
 def load(file):
@@ -151,8 +155,10 @@ class Replay:
                                 f"--max_iters={self.last}")
             return None, {}  # the logged run made no update at this step
         d = load(file)
-        if not d["whole"] or d["step"] != step:
-            raise UserError(f"{file}: holds {'step ' + str(d['step']) if d['step'] != step else 'some groups'}"
-                            f" of the step, not all: replay needs --log_rollouts=-1 --log_every=1")
+        if d["step"] != step:
+            raise UserError(f"{file}: holds step {d['step']}, not {step}")
+        if not d["whole"]:
+            raise UserError(f"{file}: holds some groups of the step, not all: replay needs "
+                            "--log_rollouts=-1 --log_every=1")
         dev = next(run.model.parameters()).device
         return offpolicy.from_dict(d["batch"], dev, self.rollout_cls), d["stats"]

@@ -25,7 +25,8 @@ SURPRISE_MU, SURPRISE_GAP = math.log(0.05), 1.0
 
 
 def surprising(tok):
-    return tok["role"] == "policy" and (tok["mu"] < SURPRISE_MU or abs(tok["old"] - tok["mu"]) > SURPRISE_GAP)
+    gap = abs(tok["old"] - tok["mu"])
+    return tok["role"] == "policy" and (tok["mu"] < SURPRISE_MU or gap > SURPRISE_GAP)
 
 
 def paint(tok, color):
@@ -33,7 +34,8 @@ def paint(tok, color):
     text = tok["text"].replace("\n", "\\n")
     if not color:
         return f"[{text}]" if tok["role"] == "env" else text
-    style = DIM if tok["role"] == "env" else GREEN if tok["adv"] > 0 else RED if tok["adv"] < 0 else ""
+    adv = tok["adv"]
+    style = DIM if tok["role"] == "env" else GREEN if adv > 0 else RED if adv < 0 else ""
     return style + (UNDER if surprising(tok) else "") + text + END
 
 
@@ -54,27 +56,31 @@ def show(records, color=True, out=None):
         groups.setdefault(r["group"], []).append(r)
     for g, rows in groups.items():
         rewards = " ".join(f"{r['reward']:.2f}" for r in rows)
-        print(f"step {rows[0]['step']} (version {rows[0]['version']}) group {g}: {rows[0]['prompt']!r}"
-              f"  rewards {rewards}", file=out)
+        first = rows[0]
+        print(f"step {first['step']} (version {first['version']}) group {g}: "
+              f"{first['prompt']!r}  rewards {rewards}", file=out)
         for r in rows:
             turns = "" if r["turns"] is None else f" turns {r['turns']}"
             cut = " truncated" if r["truncated"] else ""
             line = "".join(paint(t, color) for t in r["tokens"])
-            print(f"  reward {r['reward']:+.3f} score {r['score']:.2f}{turns}{cut} | {line}", file=out)
+            print(f"  reward {r['reward']:+.3f} score {r['score']:.2f}{turns}{cut} | {line}",
+                  file=out)
             for t in (t for t in r["tokens"] if surprising(t)):
                 print(f"      surprising {t['text']!r}: mu {t['mu']:.2f} pi_old {t['old']:.2f} "
                       f"adv {t['adv']:+.3f}", file=out)
 
 
-PAGE = r"""<!doctype html><html><head><meta charset="utf-8"><title>nanorl rollouts: TITLE</title><style>
+PAGE = r"""<!doctype html><html><head><meta charset="utf-8">
+<title>nanorl rollouts: TITLE</title><style>
 body{font:13px monospace;margin:12px;background:#fff;color:#222}#main{display:flex;gap:16px}
-#groups{display:flex;gap:12px;flex:1;overflow-x:auto}.group{border:1px solid #ccc;padding:6px;min-width:220px}
+#groups{display:flex;gap:12px;flex:1;overflow-x:auto}
+.group{border:1px solid #ccc;padding:6px;min-width:220px}
 .row{margin:3px 0;white-space:pre-wrap}.meta{color:#666}.t{padding:0 1px}
 .env{color:#999;font-style:italic}.surprise{text-decoration:underline wavy #c60}
 #tip{position:fixed;display:none;background:#ffd;border:1px solid #aa8;padding:4px;white-space:pre}
 #moves td{padding:1px 6px;border-bottom:1px solid #eee}#moves{border-collapse:collapse}
-</style></head><body><h3>TITLE</h3>step <select id="step"></select><div id="main"><div id="groups"></div>
-<table id="moves"></table></div><div id="tip"></div><script>
+</style></head><body><h3>TITLE</h3>step <select id="step"></select>
+<div id="main"><div id="groups"></div><table id="moves"></table></div><div id="tip"></div><script>
 const LOG = DATA;
 const f = x => x === null || x === undefined ? "-" : x.toFixed(3);
 function draw(step) {
@@ -85,16 +91,19 @@ function draw(step) {
     const d = document.createElement("div"); d.className = "group";
     d.innerHTML = "<b></b><div class=meta></div>";
     d.querySelector("b").textContent = "group " + rows[0].group + ": " + rows[0].prompt;
-    d.querySelector(".meta").textContent = "rewards " + rows.map(r => r.reward.toFixed(2)).join(" ");
+    d.querySelector(".meta").textContent =
+      "rewards " + rows.map(r => r.reward.toFixed(2)).join(" ");
     rows.forEach(r => {
       const e = document.createElement("div"); e.className = "row"; e.dataset.row = r.row;
-      e.innerHTML = "<span class=meta>" + r.reward.toFixed(2) + (r.truncated ? " cut" : "") + " | </span>";
+      e.innerHTML =
+        "<span class=meta>" + r.reward.toFixed(2) + (r.truncated ? " cut" : "") + " | </span>";
       r.tokens.forEach((t, i) => {
         const s = document.createElement("span"); s.textContent = t.text; s.dataset.i = i;
         const a = Math.min(0.8, 0.15 + Math.abs(t.adv));
-        s.className = "t " + t.role + (t.role !== "policy" ? "" : t.adv > 0 ? " pos" : t.adv < 0 ? " neg" : "") +
-          (t.role === "policy" && (t.mu < SMU || Math.abs(t.old - t.mu) > SGAP) ? " surprise" : "");
-        if (t.role === "policy" && t.adv) s.style.background = t.adv > 0 ? "rgba(40,160,60," + a + ")" : "rgba(210,50,50," + a + ")";
+        const sign = t.role !== "policy" ? "" : t.adv > 0 ? " pos" : t.adv < 0 ? " neg" : "";
+        s.className = "t " + t.role + sign + (t.surprise ? " surprise" : "");
+        const rgb = t.adv > 0 ? "40,160,60" : "210,50,50";
+        if (sign) s.style.background = "rgba(" + rgb + "," + a + ")";
         s.onmouseover = ev => tip(t, ev.clientX, ev.clientY); s.onmouseout = () => tip(null);
         e.appendChild(s);
       });
@@ -106,18 +115,23 @@ function draw(step) {
 function tip(t, x, y) {
   const el = document.getElementById("tip");
   if (!t) { el.style.display = "none"; return; }
-  el.textContent = JSON.stringify(t.text) + " (" + t.role + ")\nmu " + f(t.mu) + "  pi_old " + f(t.old) +
-    "  ref " + f(t.ref) + "\nratio pi_old/mu " + f(Math.exp(t.old - t.mu)) + "\nadvantage " + f(t.adv) +
-    "  turn reward " + f(t.turn_reward) + (t.version === undefined ? "" : "\nversion " + t.version);
+  el.textContent = JSON.stringify(t.text) + " (" + t.role + ")" +
+    "\nmu " + f(t.mu) + "  pi_old " + f(t.old) + "  ref " + f(t.ref) +
+    "\nratio pi_old/mu " + f(Math.exp(t.old - t.mu)) +
+    "\nadvantage " + f(t.adv) + "  turn reward " + f(t.turn_reward) +
+    (t.version === undefined ? "" : "\nversion " + t.version);
   el.style.left = (x + 12) + "px"; el.style.top = (y + 12) + "px"; el.style.display = "block";
 }
 function moves() {
   const steps = Object.keys(LOG), by = {};
   steps.forEach(s => LOG[s].forEach(r => {
     const k = r.prompt, m = (by[k] = by[k] || {}); (m[s] = m[s] || []).push(r.reward); }));
-  let h = "<tr><th>prompt: mean group reward</th>" + steps.map(s => "<th>" + s + "</th>").join("") + "</tr>";
-  Object.entries(by).forEach(([p, m]) => { h += "<tr><td></td>" + steps.map(s => "<td>" + (m[s] ?
-    (m[s].reduce((a, b) => a + b, 0) / m[s].length).toFixed(2) : "") + "</td>").join("") + "</tr>"; });
+  const mean = v => v ? (v.reduce((a, b) => a + b, 0) / v.length).toFixed(2) : "";
+  const cells = (tag, f) => steps.map(s => `<${tag}>${f(s)}</${tag}>`).join("");
+  let h = "<tr><th>prompt: mean group reward</th>" + cells("th", s => s) + "</tr>";
+  Object.values(by).forEach(m => {
+    h += "<tr><td></td>" + cells("td", s => mean(m[s])) + "</tr>";
+  });
   const tab = document.getElementById("moves"); tab.innerHTML = h;
   Object.keys(by).forEach((p, i) => tab.rows[i + 1].cells[0].textContent = p);
 }
@@ -125,16 +139,23 @@ const sel = document.getElementById("step");
 Object.keys(LOG).forEach(s => sel.add(new Option("step " + s, s)));
 sel.onchange = () => draw(sel.value); if (sel.options.length) draw(sel.value); moves();
 const h = location.hash.match(/hover=(\d+),(\d+)/);
-if (h) { const s = document.querySelector(`.row[data-row="${h[1]}"] .t[data-i="${h[2]}"]`);
-  const r = s.getBoundingClientRect(); s.dispatchEvent(new MouseEvent("mouseover", {clientX: r.x, clientY: r.y})); }
+if (h) {
+  const s = document.querySelector(`.row[data-row="${h[1]}"] .t[data-i="${h[2]}"]`);
+  const r = s.getBoundingClientRect();
+  s.dispatchEvent(new MouseEvent("mouseover", {clientX: r.x, clientY: r.y}));
+}
 </script></body></html>"""
 
 
 def page(logs, title):
-    """{step: records} -> one self-contained HTML page."""
-    data = json.dumps({str(s): recs for s, recs in sorted(logs.items())}).replace("</", "<\\/")
-    return PAGE.replace("DATA", data).replace("TITLE", html.escape(title)) \
-        .replace("SMU", repr(SURPRISE_MU)).replace("SGAP", repr(SURPRISE_GAP))
+    """{step: records} -> one self-contained HTML page; each token marked surprising or not by
+    surprising(), the terminal's rule. The log goes in last, so no text of it is read as a
+    placeholder."""
+    logs = {str(s): [{**r, "tokens": [{**t, "surprise": surprising(t)} for t in r["tokens"]]}
+                     for r in recs] for s, recs in sorted(logs.items())}
+    head, tail = PAGE.split("DATA", 1)
+    return head.replace("TITLE", html.escape(title)) + \
+        json.dumps(logs).replace("</", "<\\/") + tail
 
 
 def main(argv=None):

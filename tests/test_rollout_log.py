@@ -155,3 +155,18 @@ def test_with_wandb_the_sample_is_a_table_offline(sft_ckpt, tmp_path, monkeypatc
     assert t["columns"][:5] == ["step", "version", "group", "prompt", "response"] and len(t["data"]) == 2 * 4
     recs, _ = logged(tmp_path / "run", 2)
     assert [row[4] for row in t["data"]] == [r["response"] for r in recs]
+
+
+def test_the_page_embeds_the_log_verbatim_and_marks_surprises_by_the_terminals_rule():
+    """Text in the log that reads like the page's placeholders or closes its script stays as it is;
+    each token's surprise flag is view.surprising's."""
+    toks = [dict(text="</script>", role="policy", adv=0.5, mu=-4.0, old=-4.0),
+            dict(text="DATA", role="policy", adv=0.5, mu=-0.1, old=-2.0),
+            dict(text="TITLE", role="env", adv=0.5, mu=0.0, old=0.0)]
+    rec = dict(step=1, version=0, group=0, row=0, prompt="TITLE DATA SMU", reward=1.0, score=1.0, turns=None,
+               truncated=False, tokens=toks)
+    html = view.page({1: [rec]}, "a run's TITLE")
+    line = next(x for x in html.split("\n") if x.startswith("const LOG = "))
+    logged = json.loads(line[len("const LOG = "):-1])
+    assert logged == {"1": [{**rec, "tokens": [{**t, "surprise": s} for t, s in zip(toks, (True, True, False))]}]}
+    assert "</script>" not in line and "<title>nanorl rollouts: a run&#x27;s TITLE</title>" in html
