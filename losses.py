@@ -106,6 +106,65 @@ def gae(rewards, values, mask, gamma, lam):
     return torch.where(m, adv, 0.0), torch.where(m, adv + values, 0.0)
 
 
+def turn_index(mask):
+    """(B, T) each policy token's turn: 0, 1, ... a run of masked tokens each (an observation
+    ends a run), -1 off the mask."""
+    m = mask.bool()
+    first = m & ~F.pad(m, (1, 0))[:, :-1]  # (B, T) a turn's first token
+    return torch.where(m, first.long().cumsum(1) - 1, -1)
+
+
+def per_turn(x, turn, reduce="sum"):
+    """(B, T) token values -> (B, S + 1) one a turn: their sum over the turn's tokens, or (reduce
+    "same") the value each of its tokens holds; column S, after the last turn, 0."""
+    S = int(turn.max()) + 1
+    col = torch.where(turn >= 0, turn, S)  # (B, T) off the mask: the spare column
+    out = torch.zeros(x.shape[0], S + 1, dtype=x.dtype, device=x.device)
+    out = out.scatter_add(1, col, x) if reduce == "sum" else out.scatter(1, col, x)
+    out[:, S] = 0
+    return out
+
+
+@torch.no_grad()
+def vine_advantages(rewards, values, mask):
+    """VinePPO (Kazemnejad et al. 2024, arXiv 2410.01679): every token of turn k gets
+    A_k = r_k + V(s_{k+1}) - V(s_k), the turn's rewards plus the value of the state it leads
+    to, minus the value of the state it starts from; V after the last turn 0.
+    rewards (B, T): per token (a turn's at its end, the outcome on the last); values (B, T):
+    V(s_k) on each token of turn k (Monte-Carlo, nanorl/turns.py). -> (B, T), 0 off the mask."""
+    turn = turn_index(mask)  # (B, T)
+    r, v = per_turn(rewards, turn), per_turn(values, turn, "same")  # (B, S + 1) each
+    a = r[:, :-1] + v[:, 1:] - v[:, :-1]  # (B, S)
+    return torch.where(turn >= 0, a.gather(1, turn.clamp_min(0)), 0.0)
+
+
+@torch.no_grad()
+def step_advantages(rewards, states, groups, mask, gamma, eps=1e-6):
+    """GiGPO's step-level advantage (Feng et al. 2025, arXiv 2505.10978, Eq. 5-7): a turn's
+    discounted return R_k = sum_{j>=k} gamma^(j-k) r_j, normalised within its step group, the
+    turns of one episode group (groups (B,): each row's) that start from the same state
+    (states (B, T): the state's id on each token of its turn): (R_k - mean) / (std + eps),
+    population std over the step group's turns; a group of one, or all equal, 0.
+    -> (B, T): each token its turn's, 0 off the mask."""
+    turn = turn_index(mask)  # (B, T)
+    r = per_turn(rewards, turn)  # (B, S + 1)
+    ret = torch.zeros_like(r)  # (B, S + 1) the discounted return from each turn on
+    for k in reversed(range(r.shape[1] - 1)):
+        ret[:, k] = r[:, k] + gamma * ret[:, k + 1]
+    on = per_turn(torch.ones_like(rewards), turn)[:, :-1] > 0  # (B, S) the turns there are
+    state = per_turn(states, turn, "same")[:, :-1]  # (B, S)
+    key = torch.stack([groups[:, None].expand_as(state)[on], state[on]], 1)  # (M, 2)
+    _, step_group = torch.unique(key, dim=0, return_inverse=True)  # (M,) each turn's
+    R = ret[:, :-1][on]  # (M,)
+    n = torch.zeros(len(_), dtype=R.dtype).index_add_(0, step_group, torch.ones_like(R))
+    mean = torch.zeros_like(n).index_add_(0, step_group, R) / n  # (groups,)
+    var = torch.zeros_like(n).index_add_(0, step_group, (R - mean[step_group]) ** 2) / n
+    adv = torch.zeros_like(ret[:, :-1])  # (B, S)
+    adv[on] = torch.where(var[step_group] > 0, (R - mean[step_group])
+                          / (var[step_group].sqrt() + eps), 0.0)
+    return torch.where(turn >= 0, adv.gather(1, turn.clamp_min(0)), 0.0)
+
+
 def kl_estimate(logp, ref_logp, kind="k3"):
     """Per-token KL(pi || pi_ref) (Schulman 2020): k1 = -x, k2 = x^2/2, k3 = e^x - x - 1,
     x = ref_logp - logp clamped to +-20 as in verl (e^x overflows)."""
@@ -368,7 +427,8 @@ def algo_loss(algo, hp, logp, old_logp, adv, mask, ref_logp=None, n_tokens=None,
 @dataclass(frozen=True)
 class Algo:  # a row: everything rl.py does for one --loss
     objective: Callable  # per token or per sequence (pg, clip, ...), or a pair loss
-    advantage: Optional[str]  # group_advantages' kind, first_wrong, gae, rpp, greedy, teacher
+    advantage: Optional[str]  # group_advantages' kind, first_wrong, gae, rpp, vine, step, greedy,
+    # teacher
     kl: Optional[str]  # where beta's KL goes: "loss" (-beta KL), "reward" (-beta k1)
     agg: str  # what the loss divides by (aggregate)
     needs: tuple = ()  # values, teacher(_logits), greedy, group_correct, ref
@@ -390,7 +450,8 @@ class Algo:  # a row: everything rl.py does for one --loss
 
 
 COLUMNS = dict(advantage=(None, "std", "mean", "rloo", "maxrl", "first_wrong", "gae", "rpp",
-                          "rpp_baseline", "greedy", "teacher"), kl=(None, "loss", "reward"),
+                          "rpp_baseline", "vine", "step", "greedy", "teacher"),
+               kl=(None, "loss", "reward"),
                agg=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                     "seq-mean-token-sum-norm", "pairs", "answers"),
                needs=("values", "teacher", "teacher_logits", "greedy", "group_correct", "ref"),
@@ -434,6 +495,10 @@ ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
                    defaults=dict(_SOFT, cov_ratio=2e-3, cov_kl_coef=1.0)),
     "reinforce_pp": Algo(clip, "rpp", "reward", TOK, defaults=_RPP),
     "reinforce_pp_baseline": Algo(clip, "rpp_baseline", "reward", TOK, defaults=_RPP),
+    "vineppo": Algo(clip, "vine", "reward", TOK,  # K branches from each turn's state
+                    defaults=dict(eps_low=0.2, eps_high=0.2, beta=1e-4, branches=4)),
+    "gigpo": Algo(clip, "step", "loss", TOK,  # gamma: the step returns' discount
+                  defaults=dict(_CLIP, beta=0.01, gamma=0.95, step_weight=1.0)),
     "remax": Algo(pg, "greedy", "reward", TOK, needs=("greedy",), **ON, defaults=dict(beta=0.0)),
     "opd": Algo(ratio_pg, "teacher", None, TOK, needs=("teacher",)),
     "gkd": Algo(gkd, None, None, TOK, needs=("teacher", "teacher_logits"), ratio=None,

@@ -193,7 +193,7 @@ def sample_next(logits, temperature, top_k, generator):
 
 @torch.no_grad()
 def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.0, top_k=None,
-             generator=None, use_cache=True, episodes=None):
+             generator=None, use_cache=True, episodes=None, budget=math.inf):
     """G responses to each prompt (lists of token ids) -> a dict (N = len(prompts) G,
     P the longest prompt, L the longest response):
       ids            (N, P+L)  left-padded prompt, response, right padding with pad_id
@@ -205,7 +205,8 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
       version        (N, L)    with the async sampler's policy: each token's policy version
       offsets, prompt_len      (N,) left-pad count of each row; P
     episodes (nanorl/episodes.py): an environment's games, one a row, and the sampler's two
-    hooks: its forced tokens (counted in max_new_tokens, log-prob 0) and its turns' ends."""
+    hooks: its forced tokens (counted in max_new_tokens, log-prob 0) and its turns' ends.
+    budget (N,): each row's own max_new_tokens, at most max_new_tokens (nanorl/turns.py's)."""
     was_training, device = model.training, next(model.parameters()).device
     model.eval()  # no dropout in rollouts
     B, P = len(prompts), max(len(p) for p in prompts)
@@ -220,7 +221,7 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
     logits = model(seq, offsets, cache)[:, -1]  # (B, V) one prefill per prompt for G rows
     node, node_off = torch.arange(B, device=device).repeat_interleave(G), offsets  # row -> prefix
     seq, offsets = seq.repeat_interleave(G, dim=0), offsets.repeat_interleave(G, dim=0)
-    done = torch.zeros(B * G, dtype=torch.bool, device=device)  # (N,) ended with EOS
+    done = torch.zeros(B * G, dtype=torch.bool, device=device)  # (N,) ended: EOS, budget
     toks, logps, masks, acts = [], [], [], []  # a step's (N,) each; acts: the policy's tokens
     for t in range(max_new_tokens):
         tok, logp_all = sample_next(logits[node], temperature, top_k, generator)
@@ -232,7 +233,7 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
         logps.append(torch.where(act, logp_all.gather(1, tok[:, None]).squeeze(1), 0.0))
         if episodes:  # a row that ended its turn: the environment answers
             episodes.end_turns(toks, act)
-        done = done | (tok == eos_id)
+        done = done | (tok == eos_id) | (t + 1 >= budget)  # a row past its budget: cut
         if bool(done.all()) or t == max_new_tokens - 1:
             break
         if cache is None:

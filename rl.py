@@ -24,7 +24,7 @@ import torch
 import losses
 from model import generate, logprobs, seeded
 from nanorl import (asyncrl, cliff, cov, distill, loop, offpolicy, pref, remax, rm, rollout_log,
-                    rows)
+                    rows, turns)
 from nanorl.checkpoint import unwrap
 from nanorl.config import UserError, check_bounds, run_cli
 from nanorl.ddp import all_reduce, bf16_default, mean_over_ranks, world_size
@@ -80,13 +80,14 @@ class Rollout:  # N = prompts x G samples, responses aligned at 0
     first_wrong: torch.Tensor = None  # (N,) CLIFF's first wrong token, or -1
     length: torch.Tensor = None  # (N,) response tokens with EOS, the environment's too
     finished: torch.Tensor = None  # (N,) ended with EOS
-    values: torch.Tensor = None  # (N, L) PPO: V_old
+    values: torch.Tensor = None  # (N, L) V_old: PPO's value head, VinePPO's branches
     baseline: torch.Tensor = None  # (N,) ReMax: the greedy answer's reward
     rm_reward: torch.Tensor = None  # (N,) the RM's raw score
     turn_rewards: torch.Tensor = None  # (N, L) an environment's, at its turns' ends
     turns: torch.Tensor = None  # (N,) an environment's turns
     invalid: torch.Tensor = None  # (N,) the turns it could not take
     version: torch.Tensor = None  # (N, L) async: each token's policy version
+    states: torch.Tensor = None  # (N, L) GiGPO: the state each turn starts from (an id)
 
     def episode_return(self):
         """(N,) the score plus the turns' rewards: the reward without shaping."""
@@ -181,8 +182,9 @@ def collect(cfg, algo, run, gen):
         n_sampled, n_flat = n_sampled + len(idx), n_flat + int(flat.sum())
         # dynamic sampling (DAPO): only the groups with signal, refilled up to want
         batch = rows.take(batch, (~flat).repeat_interleave(G)) if cfg.dynamic_sampling else batch
-        if len(batch.ids):
-            parts.append(batch)
+        if len(batch.ids):  # VinePPO's values, GiGPO's states: nanorl/turns.py
+            parts.append(batch if algo.advantage not in turns.KINDS else
+                         turns.credit(cfg, algo, run, batch, idx, flat, gen))
             n_groups += len(batch.ids) // G
         if not cfg.dynamic_sampling or n_groups >= want:
             break
@@ -198,7 +200,7 @@ def collect(cfg, algo, run, gen):
 def advantages(cfg, algo, hp, batch, ref_lp, teacher_lp):
     """(N,) or (N, L) advantages of the row's kind, and its objective's inputs."""
     kind, R, G = algo.advantage, batch.reward, cfg.group_size
-    if kind in ("gae", "rpp", "rpp_baseline"):
+    if kind in ("gae", "rpp", "rpp_baseline", *turns.KINDS):
         return token_advantages(kind, hp, batch, R, ref_lp, G)
     if kind in (None, "teacher"):  # distillation (gkd: no advantage)
         adv = distill.advantages(batch, teacher_lp) if kind else torch.zeros_like(batch.mu)
@@ -220,16 +222,24 @@ def advantages(cfg, algo, hp, batch, ref_lp, teacher_lp):
 
 def token_advantages(kind, hp, batch, R, ref_lp, G):
     """GAE (PPO) or return-to-go (REINFORCE++) of the rewards -beta k1 + R at the end,
-    whitened over all ranks -> ((N, L), inputs)."""
+    whitened over all ranks, or a turn's credit (VinePPO, GiGPO) -> ((N, L), inputs)."""
     if kind == "rpp_baseline":  # R minus its group's mean first
         R = losses.group_advantages(R.view(-1, G), "mean").flatten()
     m, turn_rewards = batch.mask, batch.turn_rewards  # (N, L) each; no environment: None
     if turn_rewards is not None:  # each turn's reward at its token, the rest at the last
         R = R - turn_rewards.sum(1)
-    ref = ref_lp if hp["beta"] else batch.old_logp  # beta 0: no KL term
-    rewards = losses.kl_in_reward(R, batch.old_logp, ref, m, hp["beta"])
+    beta = 0.0 if kind == "step" else hp["beta"]  # GiGPO's KL term: in the loss
+    ref = ref_lp if beta else batch.old_logp  # beta 0: no KL term
+    rewards = losses.kl_in_reward(R, batch.old_logp, ref, m, beta)
     if turn_rewards is not None:
         rewards = rewards + turn_rewards
+    if kind == "vine":  # in reward units, not whitened
+        return losses.vine_advantages(rewards, batch.values, m), {}
+    if kind == "step":  # the episode's advantage in its group, the turn's in its step's
+        groups = torch.arange(len(m), device=m.device) // G  # (N,)
+        step = losses.step_advantages(rewards, batch.states, groups, m, hp["gamma"])
+        episode = losses.group_advantages(rewards.sum(1).view(-1, G), "std").flatten()
+        return torch.where(m.bool(), episode[:, None] + hp["step_weight"] * step, 0.0), {}
     gae = kind == "gae"
     v = batch.values if gae else torch.zeros_like(rewards)  # V = 0, gamma = lam = 1
     gamma, lam = (hp["gamma"], hp["lam"]) if gae else (1.0, 1.0)
@@ -424,8 +434,11 @@ def setup(cfg, algo, hp, dev, rank, world):
     if "max_new_tokens" in hp:  # dr_grpo's constant normaliser
         hp["max_new_tokens"] = cfg.max_new_tokens
     task.check(cfg.max_new_tokens, model.config.block_size)
-    if algo.advantage == "first_wrong":  # CLIFF reads the gold answer's tokens
-        cliff.check(task)
+    if algo.advantage in ("first_wrong", *turns.KINDS):  # the gold tokens, the turns
+        if algo.advantage == "first_wrong":
+            cliff.check(task)
+        else:
+            turns.check(cfg, algo, task)
     offline = algo.family != "pg" and pref.offline(cfg, algo)  # a step of data files
     task.train = (pref.data(cfg, algo, task) if algo.family != "pg" else task.train)[rank::world]
     select = cfg.prompt_selection and "teacher" not in algo.needs and not offline

@@ -44,10 +44,21 @@ def table_row(games):
     guesses = sum(g.turns for g in games)
     valid = guesses - sum(g.invalid for g in games)
     first = Counter(g.guesses[0] for g in games if g.guesses)
+    binary = sum(g.won and is_binary_search(g.secret, g.guesses) for g in games) / len(games)
     return {"win": len(won) / len(games), "turns_won": sum(g.turns for g in won) / max(1, len(won)),
             "invalid": sum(g.invalid for g in games) / max(1, guesses),
             "consistent": 1 - sum(g.inconsistent for g in games) / max(1, valid),
-            "first": first.most_common(5)}
+            "binary": binary, "first": first.most_common(5)}
+
+
+def is_binary_search(secret, guesses):
+    """Every guess the middle of the numbers still possible (either middle of an even count)."""
+    lo, hi = guess.LO, guess.HI
+    for g in guesses:
+        if g is None or g not in ((lo + hi) // 2, (lo + hi + 1) // 2):
+            return False
+        lo, hi = (g + 1, hi) if g < secret else (lo, g - 1)
+    return True
 
 
 def main(argv):
@@ -63,6 +74,7 @@ def main(argv):
         r = table_row(games)
         print(f"{name}: win within 7 {r['win']:.3f}, turns when won {r['turns_won']:.2f}, "
               f"invalid {r['invalid']:.3f}, consistent {r['consistent']:.3f}, "
+              f"binary search {r['binary']:.3f}, "
               f"first guesses {r['first']}")
         if G > 1:
             for text, g in list(zip(texts, games))[:int(args.get("traces", 0)) * G:G]:

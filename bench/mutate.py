@@ -66,6 +66,10 @@ LOG_FIELDS = (LG + "the_log_holds_the_rollout_and_the_advantages_the_update_took
 LOG_REPLAY = (LG + "replay_gives_the_logged_runs_weights",)
 EV, DDP, EP = "nanorl/evaluate.py", "tests/test_ddp.py::test_", "nanorl/episodes.py"
 TL, E = "envs/calculator.py", "tests/test_envs.py::test_"
+TU, TT = "nanorl/turns.py", "tests/test_turns.py::test_"
+VINE = (TT + "branches_of_a_deterministic_policy_reproduce_each_episodes_return_to_go",
+        TT + "each_prefix_gets_k_continuations_from_its_replayed_state")
+STEP = (TT + "gigpo_advantage_of_three_turn_episodes_by_hand", TT + "gigpo_keys_each_turn_on_the_state_it_starts_from")
 GAME = (E + "the_game_by_hand", E + "every_output_gets_an_answer_and_counts_a_turn",
         E + "process_reward_is_the_share_of_the_interval_ruled_out")
 BOUNDS = (E + "observations_are_cut_to_max_obs_and_episodes_end_after_max_turns",)
@@ -371,7 +375,7 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     (RL, "return R - batch.baseline, {}",
      "return R, {}", "advantages: remax without its greedy baseline",
      ADV),
-    (RL, 'ref_lp if hp["beta"] else batch.old_logp', "ref_lp",
+    (RL, "ref_lp if beta else batch.old_logp", "ref_lp",
      "advantages: ppo needs a reference at beta 0", ADV),
     (RL, '(hp["gamma"], hp["lam"])', '(hp["lam"], hp["gamma"])', "advantages: gamma / lam swapped",
      ADV),
@@ -698,6 +702,26 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     (RL, "train_step = partial(pg_step, sample=rollout_log.Replay(cfg.replay, Rollout))",
      "train_step = partial(pg_step, sample=sample if rollout_log.Replay(cfg.replay, Rollout) else None)",
      "main: --replay samples afresh instead of reading the log", LOG_REPLAY),
+    # issue 46: credit per turn
+    (TU, "full = {key: prompts[key[0]] + list(key[1]) for key in wanted}",
+     "full = {key: prompts[key[0]] + list(key[1][:-1]) for key in wanted}",
+     "branch: a branch value from the wrong prefix (its observation's last token missing)", VINE),
+    (TU, "episodes.retake(row, list(prefix), acts[r][:len(prefix)])",
+     "episodes.retake(row, list(prefix[:-4]), acts[r][:len(prefix) - 4])",
+     "branch: a branch's environment replayed to an earlier turn than its prefix", VINE),
+    (TU, "[[value[r, s] for s, _ in row] for r, row in enumerate(turns)]",
+     "[[value[r, s] for s, _ in row[:1] + row[2:] + row[1:2]] for r, row in enumerate(turns)]",
+     "credit: a turn takes the value of another turn's prefix", VINE),
+    (TU, "value[r, s] = (sum(togo) - own + sum(extra)) / (len(rs) - 1 + len(extra))",
+     "value[r, s] = (sum(togo) + sum(extra)) / (len(rs) + len(extra))",
+     "credit: a row's own future enters its value", VINE),
+    (TU, "[[names.setdefault((r // G, s), len(names)) for _, s in row]",
+     "[[names.setdefault((r // G, s), len(names)) for _, s in row[1:] + row[:1]]",
+     "credit: a step group keyed on the wrong state (the next turn's)", STEP),
+    (LP, 'state = per_turn(states, turn, "same")[:, :-1]', 'state = per_turn(states, turn, "same")[:, 1:]',
+     "step_advantages: each turn grouped by the next turn's state", STEP),
+    (LP, "a = r[:, :-1] + v[:, 1:] - v[:, :-1]", "a = r[:, :-1] + v[:, :-1] - v[:, :-1]",
+     "vine_advantages: V(s_k) in place of V(s_k+1)", (TT + "vine_advantage_of_a_three_turn_episode_by_hand",)),
 ]
 
 

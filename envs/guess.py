@@ -56,6 +56,11 @@ class Env:
     def score(self, final):
         return 1.0 if self.won else 0.0
 
+    def state(self):
+        """What the next guess can know (GiGPO's step groups): the numbers still possible and
+        the turns left."""
+        return self.lo, self.hi, self.turns
+
 
 def splits(n_train=20000):
     """train: n_train games, secrets 1..100 in turn (each row's demonstration drawn on its own);

@@ -3,7 +3,9 @@ Environments in the sampler: a row's episode, opened by tasks that name one (an 
 
 An environment is a class `Env` in an envs/ file, a fresh one per episode, built from a task row's
 answer (its hidden state: a secret, never in the prompt) and --env_args; its contract is `Env`
-below, checked when a task loads. Text is in normal digit order: Episodes turns it as the task does.
+below, checked when a task loads. An optional `state()` names the state a turn starts from
+(hashable: GiGPO's step groups, nanorl/turns.py). Text is in normal digit order: Episodes turns
+it as the task does.
 
 Episodes holds the rows of one sampler call and gives model.generate its two hooks: `force` puts
 the environment's pending tokens into the rows inside an observation (action 0, log-prob 0, a
@@ -32,6 +34,8 @@ class Env(Protocol):
 
     def score(self, final: Optional[str]) -> float:
         """final: the policy's text after the last observation (None: no EOS) -> [0, 1]."""
+
+    # optional: state(self) -> Hashable, the state the next turn starts from (GiGPO's step groups)
 
 
 def check_env(task, module, args, answer):
@@ -91,6 +95,20 @@ class Episodes:
         obs += [self.eos] if done or self.turns[r] >= env.max_turns else []
         self.start[r] = len(ids) + len(obs)
         return obs, float(reward)
+
+    def retake(self, r, ids, act):
+        """Row r's environment (fresh) retakes the turns of response ids (act: the policy's
+        tokens) -> [(where each turn starts in ids, the state it starts from)]: a turn is a run
+        of the policy's tokens, as losses.turn_index counts them. What the row samples next
+        is a new response, after ids (VinePPO's branches: nanorl/turns.py)."""
+        env, out = self.envs[r], []
+        for t, (i, a) in enumerate(zip(ids, act)):
+            if a and (t == 0 or not act[t - 1]):  # a turn's first token
+                out.append((t, env.state() if hasattr(env, "state") else None))
+            if a and i == self.turn_end:
+                self.step(r, ids[:t + 1])
+        self.start[r] = 0
+        return out
 
     def turn_rewards(self, L):
         """(N, L) each turn's reward on its last token, 0 elsewhere."""

@@ -25,7 +25,7 @@ from model import GPT, GPTConfig, generate, logprobs
 from nanorl.episodes import Episodes, demo_rows, replay
 from nanorl.evaluate import Task
 from tests.test_rl import make_run
-from tests.test_tools import assert_no_leak
+from tests.test_tools import assert_no_leak, with_turn_credit
 from tokenizer import CharTokenizer
 
 GUESS = env_of("env:guess")
@@ -372,6 +372,7 @@ def test_observation_logits_of_every_turn_never_reach_a_loss_or_its_gradient(nam
     if L.ALGOS[name].binary:  # 0/1 rewards only
         b.turn_rewards, b.reward = torch.zeros_like(b.turn_rewards), b.score.clone()
     gold = Task(TOK, "env:guess", False, "exact", 0, env_module=GUESS).gold_rows(load_split("env:guess", "test")[:8])
+    with_turn_credit(b, name)  # VinePPO's values, GiGPO's states: any will do
     assert_no_leak(name, b, monkeypatch, model_fn=tiny_model, gold=gold)
 
 

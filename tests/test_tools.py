@@ -211,6 +211,14 @@ def env_noise(monkeypatch, responses, scale):
     return fired
 
 
+def with_turn_credit(b, name):
+    """b with the per-turn inputs a row of nanorl/turns.py reads (values, state ids), if it reads them."""
+    if L.ALGOS[name].advantage in ("vine", "step"):
+        b.values = torch.rand(b.mask.shape, generator=torch.Generator().manual_seed(0))  # (N, L)
+        b.states = L.turn_index(b.mask).clamp_min(0)  # (N, L) the turn: a state each
+    return b
+
+
 def loss_and_grads(name, b, monkeypatch, scale, model_fn=None, gold=None):
     """One loss of row `name` on rollout b (pg: rl.prepare + rl.accumulate; pairs, rft, sft:
     pref.rows_loss on `gold` rows) with the environment's logits moved by scale -> (loss,
@@ -255,6 +263,7 @@ def test_environment_logits_never_reach_a_loss_or_its_gradient(name, monkeypatch
     b = tool_rollout()
     if L.ALGOS[name].data == "samples":  # rft: the correct rows
         b.score = b.reward.clone()
+    with_turn_credit(b, name)  # VinePPO's values, GiGPO's states: any will do
     assert_no_leak(name, b, monkeypatch)
 
 

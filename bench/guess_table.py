@@ -1,0 +1,168 @@
+"""
+Guess the number to the optimum: for each seed the whole pipeline, SFT on the random consistent
+player's games, then each RL row from that checkpoint; each run's last checkpoint plays every
+secret 8 times at temperature 1 and once greedily (bench/guess.py), and the table reads it.
+
+    python bench/guess_table.py --rows=gigpo,vine,pp,grpo --seeds=1337,1,2
+    python bench/guess_table.py --fp32 ...    # as a CPU without bf16 runs (SFT --bf16=false, avx2)
+    python bench/guess_table.py --report      # the table and plot of the runs already there
+
+Each run is `python rl.py configs/<row's config> --seed=S --sft_ckpt=...` under /usr/bin/time -v
+(wall, peak RSS), one at a time on --threads. Writes out_dir/<mode>/table.md, runs.json and
+win.png (held-out win within 7 at T = 1 against steps: a line per row and seed).
+"""
+import json
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "bench"))
+from guess import play, table_row  # noqa: E402
+
+ROWS = {"grpo": "configs/rl_guess.py", "pp": "configs/rl_guess_pp.py",
+        "gigpo": "configs/rl_guess_gigpo.py", "vine": "configs/rl_guess_vine.py"}
+NAMES = {"grpo": "GRPO, the win", "pp": "REINFORCE++, process reward",
+         "gigpo": "GiGPO, discounted win", "vine": "VinePPO, process reward"}
+
+
+def timed(cmd, log, env):
+    """Run cmd under /usr/bin/time -v, its output to log -> (wall s, peak RSS MiB)."""
+    with open(log, "w") as f:
+        subprocess.run(["/usr/bin/time", "-v", *cmd], stdout=f, stderr=subprocess.STDOUT, env=env,
+                       cwd=ROOT, check=True)
+    text = open(log).read()
+    h, m, s = re.search(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): (?:(\d+):)?(\d+):([\d.]+)",
+                        text).groups()
+    rss = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", text).group(1))
+    return int(h or 0) * 3600 + int(m) * 60 + float(s), rss / 1024
+
+
+def curve(out):
+    """The run's held-out evals -> [(step, win at T = 1, greedy win, train seconds)]."""
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    return [(r["step"], r["eval/pass@1"], r["eval/accuracy"], r["perf/train_s"])
+            for r in rows if "eval/pass@1" in r]
+
+
+def first_at(points, level):
+    """(steps, minutes) of the first eval at win >= level, or (None, None)."""
+    return next(((s, t / 60) for s, w, _, t in points if w >= level), (None, None))
+
+
+def run_one(args, mode, seed, row, env):
+    """One seed's SFT (once) and one row's RL -> its record."""
+    base = os.path.join(args["out_dir"], mode, f"s{seed}")
+    sft = os.path.join(base, "sft")
+    extra = ["--bf16=false"] if mode == "fp32" else []
+    threads = f"--threads={args['threads']}"
+    if not os.path.exists(os.path.join(sft, "ckpt.pt")):
+        os.makedirs(sft, exist_ok=True)
+        timed([sys.executable, "sft.py", "configs/guess.py", f"--seed={seed}", f"--out_dir={sft}",
+               threads, *extra], os.path.join(base, "sft.log"), env)
+    out = os.path.join(base, row)
+    wall, rss = timed([sys.executable, "rl.py", ROWS[row], f"--seed={seed}", threads,
+                       f"--sft_ckpt={sft}/ckpt.pt", f"--out_dir={out}", *args["rl_args"]],
+                      os.path.join(base, f"{row}.log"), env)
+    return {"row": row, "seed": seed, "mode": mode, "wall_s": wall, "rss_mib": rss, **measure(out)}
+
+
+def measure(out):
+    """A run's last checkpoint played (8 games a secret at T = 1, and greedily) and its curve."""
+    games, _ = play(os.path.join(out, "ckpt.pt"), 8, 1.0)
+    greedy, _ = play(os.path.join(out, "ckpt.pt"), 1, 0.0)
+    t1, g = table_row(games), table_row(greedy)
+    points = curve(out)
+    return {"win": t1["win"], "greedy": g["win"], "turns_won": t1["turns_won"],
+            "binary": t1["binary"], "first": Counter(x.guesses[0] for x in games if x.guesses),
+            "steps": points[-1][0], "train_min": points[-1][3] / 60, "curve": points,
+            "to95": first_at(points, 0.95), "to99": first_at(points, 0.99)}
+
+
+def spread(xs, fmt):
+    xs = [x for x in xs if x is not None]
+    if not xs:
+        return "never"
+    lo, hi, mean = min(xs), max(xs), sum(xs) / len(xs)
+    return fmt.format(mean) if lo == hi else f"{fmt.format(mean)} ({fmt.format(lo)}–{fmt.format(hi)})"
+
+
+def table(runs):
+    """Markdown: a line per (mode, row), each number the mean (range) over its seeds."""
+    head = ("| mode | row | seeds | win at T = 1 | greedy | turns when won | steps to 0.95 | min to 0.95 "
+            "| steps to 0.99 | binary search | first guess | RL wall | peak RSS |")
+    lines = [head, "|" + "---|" * 13]
+    for mode, row in dict.fromkeys((r["mode"], r["row"]) for r in runs):
+        rs = [r for r in runs if (r["mode"], r["row"]) == (mode, row)]
+        reached = lambda k, i: [r[k][i] for r in rs]  # noqa: E731
+        first = Counter()
+        for r in rs:
+            first.update({int(k): v for k, v in r["first"].items()})
+        n = sum(first.values())
+        top = ", ".join(f"{g} ({c / n:.0%})" for g, c in first.most_common(3))
+        never = lambda k: f" [{sum(x is None for x in reached(k, 0))} never]" if None in reached(k, 0) else ""  # noqa
+        lines.append(f"| {mode} | {NAMES[row]} | {', '.join(str(r['seed']) for r in rs)} | "
+                     f"{spread([r['win'] for r in rs], '{:.3f}')} | "
+                     f"{spread([r['greedy'] for r in rs], '{:.3f}')} | "
+                     f"{spread([r['turns_won'] for r in rs], '{:.2f}')} | "
+                     f"{spread(reached('to95', 0), '{:.0f}')}{never('to95')} | "
+                     f"{spread(reached('to95', 1), '{:.1f}')} | "
+                     f"{spread(reached('to99', 0), '{:.0f}')}{never('to99')} | "
+                     f"{spread([r['binary'] for r in rs], '{:.3f}')} | {top} | "
+                     f"{spread([r['wall_s'] / 60 for r in rs], '{:.1f}')} min | "
+                     f"{spread([r['rss_mib'] for r in rs], '{:.0f}')} MiB |")
+    return "\n".join(lines)
+
+
+def plot(runs, path):
+    """win.png: held-out win at T = 1 against steps, a colour per row, a line per seed."""
+    import matplotlib.figure  # not pyplot: no GUI backend
+    fig = matplotlib.figure.Figure(figsize=(7, 4), layout="tight")
+    ax = fig.add_subplot()
+    colours = dict(zip(ROWS, ("tab:gray", "tab:blue", "tab:green", "tab:red")))
+    for r in runs:
+        steps, win = zip(*[(s, w) for s, w, _, _ in r["curve"]])
+        label = f"{NAMES[r['row']]}" if r["seed"] == min(x["seed"] for x in runs
+                                                          if x["row"] == r["row"]) else None
+        ax.plot(steps, win, color=colours[r["row"]], alpha=0.8,
+                ls="-" if r["mode"] == "bf16" else "--", label=label)
+    ax.axhline(0.99, color="black", lw=0.8, ls=":")
+    ax.set(xlabel="RL step", ylabel="held-out win within 7 at T = 1", ylim=(0.3, 1.01),
+           title="Guess the number from random demonstrations (a line per seed)")
+    ax.legend(loc="lower right", fontsize=8)
+    fig.savefig(path, dpi=110)
+
+
+def main(argv):
+    args = {"rows": "gigpo,vine,pp,grpo", "seeds": "1337,1,2", "out_dir": "out/guess_table",
+            "threads": "2", "rl_args": []}
+    for a in argv:
+        k, _, v = a[2:].partition("=")
+        if k == "rl_args":
+            args[k] = v.split()
+        elif k in args or k in ("fp32", "report"):
+            args[k] = v
+        else:
+            sys.exit(f"unknown flag --{k}; valid: {', '.join([*args, 'fp32', 'report'])}")
+    mode = "fp32" if "fp32" in args else "bf16"
+    env = dict(os.environ, **({"ATEN_CPU_CAPABILITY": "avx2"} if mode == "fp32" else {}))
+    path = os.path.join(args["out_dir"], "runs.json")
+    runs = json.load(open(path)) if os.path.exists(path) else []
+    if "report" not in args:
+        for seed in [int(s) for s in args["seeds"].split(",")]:
+            for row in args["rows"].split(","):
+                runs = [r for r in runs if (r["mode"], r["seed"], r["row"]) != (mode, seed, row)]
+                runs.append(run_one(args, mode, seed, row, env))
+                os.makedirs(args["out_dir"], exist_ok=True)
+                json.dump(runs, open(path, "w"), indent=1)
+                print(table([runs[-1]]).splitlines()[-1], flush=True)
+    open(os.path.join(args["out_dir"], "table.md"), "w").write(table(runs) + "\n")
+    plot(runs, os.path.join(args["out_dir"], "win.png"))
+    print(table(runs))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
