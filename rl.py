@@ -221,8 +221,8 @@ def advantages(cfg, algo, hp, batch, ref_lp, teacher_lp):
 
 
 def token_advantages(kind, hp, batch, R, ref_lp, G):
-    """GAE (PPO) or return-to-go (REINFORCE++) of the rewards -beta k1 + R at the end,
-    whitened over all ranks, or a turn's credit (VinePPO, GiGPO) -> ((N, L), inputs)."""
+    """GAE (PPO), return-to-go (REINFORCE++) or VinePPO's turn advantages of the rewards
+    -beta k1 + R at the end, whitened over all ranks, or GiGPO's -> ((N, L), inputs)."""
     if kind == "rpp_baseline":  # R minus its group's mean first
         R = losses.group_advantages(R.view(-1, G), "mean").flatten()
     m, turn_rewards = batch.mask, batch.turn_rewards  # (N, L) each; no environment: None
@@ -233,8 +233,6 @@ def token_advantages(kind, hp, batch, R, ref_lp, G):
     rewards = losses.kl_in_reward(R, batch.old_logp, ref, m, beta)
     if turn_rewards is not None:
         rewards = rewards + turn_rewards
-    if kind == "vine":  # in reward units, not whitened
-        return losses.vine_advantages(rewards, batch.values, m), {}
     if kind == "step":  # the episode's advantage in its group, the turn's in its step's
         groups = torch.arange(len(m), device=m.device) // G  # (N,)
         step = losses.step_advantages(rewards, batch.states, groups, m, hp["gamma"])
@@ -243,7 +241,10 @@ def token_advantages(kind, hp, batch, R, ref_lp, G):
     gae = kind == "gae"
     v = batch.values if gae else torch.zeros_like(rewards)  # V = 0, gamma = lam = 1
     gamma, lam = (hp["gamma"], hp["lam"]) if gae else (1.0, 1.0)
-    adv, targets = losses.gae(rewards, v, m, gamma, lam)
+    if kind == "vine":  # each turn's r + V(next state) - V(its state), V from the branches
+        adv = losses.vine_advantages(rewards, batch.values, m)
+    else:
+        adv, targets = losses.gae(rewards, v, m, gamma, lam)
     # count, sum and squares over every rank's tokens: ranks whiten as one process does
     n, s, s2 = all_reduce([m.sum(), losses.masked_sum(adv, m),
                            losses.masked_sum(adv * adv, m)]).tolist()

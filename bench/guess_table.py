@@ -8,9 +8,11 @@ secret 8 times at temperature 1 and once greedily (bench/guess.py), and the tabl
     python bench/guess_table.py --report      # the table and plot of the runs already there
 
 Each run is `python rl.py configs/<row's config> --seed=S --sft_ckpt=...` under /usr/bin/time -v
-(wall, peak RSS), one at a time on --threads. Writes out_dir/<mode>/table.md, runs.json and
-win.png (held-out win within 7 at T = 1 against steps: a line per row and seed).
+(wall, peak RSS), one at a time on --threads; its record goes to out_dir/<mode>/s<seed>/<row>.json
+(two invocations may run at once). Writes out_dir/table.md and win.png (held-out win within 7 at
+T = 1 against steps: a line per row and seed) from every record there.
 """
+import glob
 import json
 import os
 import re
@@ -67,7 +69,10 @@ def run_one(args, mode, seed, row, env):
     wall, rss = timed([sys.executable, "rl.py", ROWS[row], f"--seed={seed}", threads,
                        f"--sft_ckpt={sft}/ckpt.pt", f"--out_dir={out}", *args["rl_args"]],
                       os.path.join(base, f"{row}.log"), env)
-    return {"row": row, "seed": seed, "mode": mode, "wall_s": wall, "rss_mib": rss, **measure(out)}
+    record = {"row": row, "seed": seed, "mode": mode, "threads": int(args["threads"]),
+              "wall_s": wall, "rss_mib": rss, **measure(out)}
+    json.dump(record, open(out + ".json", "w"))
+    return record
 
 
 def measure(out):
@@ -104,7 +109,8 @@ def table(runs):
         n = sum(first.values())
         top = ", ".join(f"{g} ({c / n:.0%})" for g, c in first.most_common(3))
         never = lambda k: f" [{sum(x is None for x in reached(k, 0))} never]" if None in reached(k, 0) else ""  # noqa
-        lines.append(f"| {mode} | {NAMES[row]} | {', '.join(str(r['seed']) for r in rs)} | "
+        threads = "/".join(sorted({str(r["threads"]) for r in rs}))
+        lines.append(f"| {mode}, {threads} thr. | {NAMES[row]} | {', '.join(str(r['seed']) for r in rs)} | "
                      f"{spread([r['win'] for r in rs], '{:.3f}')} | "
                      f"{spread([r['greedy'] for r in rs], '{:.3f}')} | "
                      f"{spread([r['turns_won'] for r in rs], '{:.2f}')} | "
@@ -149,16 +155,13 @@ def main(argv):
             sys.exit(f"unknown flag --{k}; valid: {', '.join([*args, 'fp32', 'report'])}")
     mode = "fp32" if "fp32" in args else "bf16"
     env = dict(os.environ, **({"ATEN_CPU_CAPABILITY": "avx2"} if mode == "fp32" else {}))
-    path = os.path.join(args["out_dir"], "runs.json")
-    runs = json.load(open(path)) if os.path.exists(path) else []
     if "report" not in args:
         for seed in [int(s) for s in args["seeds"].split(",")]:
             for row in args["rows"].split(","):
-                runs = [r for r in runs if (r["mode"], r["seed"], r["row"]) != (mode, seed, row)]
-                runs.append(run_one(args, mode, seed, row, env))
-                os.makedirs(args["out_dir"], exist_ok=True)
-                json.dump(runs, open(path, "w"), indent=1)
-                print(table([runs[-1]]).splitlines()[-1], flush=True)
+                print(table([run_one(args, mode, seed, row, env)]).splitlines()[-1], flush=True)
+    runs = [json.load(open(p)) for p in sorted(glob.glob(os.path.join(args["out_dir"], "*", "s*",
+                                                                      "*.json")))]
+    runs.sort(key=lambda r: (r["mode"], list(ROWS).index(r["row"]), r["seed"]))
     open(os.path.join(args["out_dir"], "table.md"), "w").write(table(runs) + "\n")
     plot(runs, os.path.join(args["out_dir"], "win.png"))
     print(table(runs))

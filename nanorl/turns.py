@@ -33,6 +33,8 @@ def check(cfg, algo, task):
     if algo.advantage == "step" and task.env_module and not hasattr(task.env_module.Env, "state"):
         raise UserError(f"{cfg.loss} groups turns by the environment's state: "
                         f"{task.env_module.__name__}.Env has no state() method")
+    if algo.advantage == "vine" and cfg.branches is not None and cfg.branches < 1:
+        raise UserError(f"branches must be >= 1, got {cfg.branches}")
     if algo.advantage == "vine" and (cfg.reward != "verifier" or cfg.overlong_window):
         raise UserError(f"{cfg.loss} scores its branches as the episodes are scored: the "
                         "verifier (--reward=verifier), no shaping (--overlong_window=0)")

@@ -26,10 +26,15 @@ def test_vine_advantage_of_a_three_turn_episode_by_hand():
     V(s_0) = 0.5, V(s_1) = 0.4, V(s_2) = 0.6: A_k = r_k + V(s_k+1) - V(s_k), V after the last 0."""
     b = three_turns()
     b.values = torch.tensor([[0.5, 9.0, 0.4, 0.4, 9.0, 0.6, 9.0]])  # a turn's value on its tokens
-    hp = L.resolve_hparams("vineppo", beta=0.0)
-    adv, inputs = rl.token_advantages("vine", hp, b, b.reward, None, 1)
+    r = b.turn_rewards + torch.tensor([[0, 0, 0, 0, 0, 1.0, 0]])  # the score on the last token
     a0, a1, a2 = 0.2 + 0.4 - 0.5, 0.3 + 0.6 - 0.4, 0.5 + 1.0 - 0.6
-    torch.testing.assert_close(adv, torch.tensor([[a0, 0, a1, a1, 0, a2, 0]]))
+    want = torch.tensor([[a0, 0, a1, a1, 0, a2, 0]])
+    torch.testing.assert_close(L.vine_advantages(r, b.values, b.mask), want)
+    hp = L.resolve_hparams("vineppo", beta=0.0)  # the loop's: whitened over the policy's tokens
+    adv, inputs = rl.token_advantages("vine", hp, b, b.reward, None, 1)
+    x = torch.tensor([a0, a1, a1, a2])
+    x = (x - x.mean()) / x.std(correction=0)
+    torch.testing.assert_close(adv, torch.tensor([[x[0], 0, x[1], x[2], 0, x[3], 0]]), atol=1e-5, rtol=0)
     assert inputs == {}
 
 
@@ -138,9 +143,8 @@ def test_branches_of_a_deterministic_policy_reproduce_each_episodes_return_to_go
     togo = r.flip(1).cumsum(1).flip(1)  # (N, L) the return from each position on
     first = b.mask.bool() & (turn != torch.nn.functional.pad(turn, (1, 0), value=-1)[:, :-1])
     torch.testing.assert_close(b.values[first], togo[first], atol=1e-5, rtol=0)
-    hp = L.resolve_hparams("vineppo", beta=0.0)
-    adv, _ = rl.token_advantages("vine", hp, b, b.reward, None, 2)
-    torch.testing.assert_close(adv, torch.zeros_like(adv), atol=1e-5, rtol=0)
+    r[turn < 0] = 0.0
+    torch.testing.assert_close(L.vine_advantages(r, b.values, b.mask), torch.zeros_like(r), atol=1e-5, rtol=0)
 
 
 def test_each_prefix_gets_k_continuations_from_its_replayed_state(monkeypatch):
@@ -221,6 +225,8 @@ def test_what_the_turns_credit_cannot_read_is_refused_in_one_line():
         turns.check(rl.Config(loss="gigpo"), L.ALGOS["gigpo"], tool)
     game = Task(TOK, "env:guess", False, "exact", 0, env_module=GUESS)
     turns.check(rl.Config(loss="gigpo"), L.ALGOS["gigpo"], game)
+    with pytest.raises(UserError, match="branches must be >= 1, got 0"):
+        turns.check(rl.Config(loss="vineppo", branches=0), L.ALGOS["vineppo"], game)
     for kw in (dict(reward="rm"), dict(overlong_window=4)):
         with pytest.raises(UserError, match=r"\(--reward=verifier\), no shaping \(--overlong_window=0\)"):
             turns.check(rl.Config(loss="vineppo", **kw), L.ALGOS["vineppo"], game)
