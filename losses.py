@@ -154,11 +154,10 @@ def step_advantages(rewards, states, groups, mask, gamma, eps=1e-6):
     on = per_turn(torch.ones_like(rewards), turn)[:, :-1] > 0  # (B, S) the turns there are
     state = per_turn(states, turn, "same")[:, :-1]  # (B, S)
     key = torch.stack([groups[:, None].expand_as(state)[on], state[on]], 1)  # (M, 2)
-    _, step_group = torch.unique(key, dim=0, return_inverse=True)  # (M,) each turn's
-    R = ret[:, :-1][on]  # (M,)
-    n = torch.zeros(len(_), dtype=R.dtype).index_add_(0, step_group, torch.ones_like(R))
-    mean = torch.zeros_like(n).index_add_(0, step_group, R) / n  # (groups,)
-    var = torch.zeros_like(n).index_add_(0, step_group, (R - mean[step_group]) ** 2) / n
+    _, step_group, n = torch.unique(key, dim=0, return_inverse=True, return_counts=True)
+    R = ret[:, :-1][on]  # (M,) each turn's return; step_group (M,) its step group
+    mean = torch.zeros_like(n, dtype=R.dtype).index_add_(0, step_group, R) / n  # (groups,)
+    var = torch.zeros_like(mean).index_add_(0, step_group, (R - mean[step_group]) ** 2) / n
     adv = torch.zeros_like(ret[:, :-1])  # (B, S)
     adv[on] = torch.where(var[step_group] > 0, (R - mean[step_group])
                           / (var[step_group].sqrt() + eps), 0.0)

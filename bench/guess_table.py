@@ -7,7 +7,7 @@ secret 8 times at temperature 1 and once greedily (bench/guess.py), and the tabl
     python bench/guess_table.py --fp32 ...    # as a CPU without bf16 runs (SFT --bf16=false, avx2)
     python bench/guess_table.py --report      # the table and plot of the runs already there
 
-Each run is `python rl.py configs/<row's config> --seed=S --sft_ckpt=...` under /usr/bin/time -v
+Each run is `python rl.py <the row's configs> --seed=S --sft_ckpt=...` under /usr/bin/time -v
 (wall, peak RSS), one at a time on --threads; its record goes to out_dir/<mode>/s<seed>/<row>.json
 (two invocations may run at once). Writes out_dir/table.md and win.png (held-out win within 7 at
 T = 1 against steps: a line per row and seed) from every record there.
@@ -25,8 +25,9 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from guess import play, table_row  # noqa: E402
 
-ROWS = {"grpo": "configs/rl_guess.py", "pp": "configs/rl_guess_pp.py",
-        "gigpo": "configs/rl_guess_gigpo.py", "vine": "configs/rl_guess_vine.py"}
+ROWS = {"grpo": ["configs/rl_guess.py"], "pp": ["configs/rl_guess_pp.py"],  # their config files
+        "gigpo": ["configs/rl_guess.py", "configs/rl_guess_gigpo.py"],
+        "vine": ["configs/rl_guess_pp.py", "configs/rl_guess_vine.py"]}
 NAMES = {"grpo": "GRPO, the win", "pp": "REINFORCE++, process reward",
          "gigpo": "GiGPO, discounted win", "vine": "VinePPO, process reward"}
 
@@ -66,7 +67,7 @@ def run_one(args, mode, seed, row, env):
         timed([sys.executable, "sft.py", "configs/guess.py", f"--seed={seed}", f"--out_dir={sft}",
                threads, *extra], os.path.join(base, "sft.log"), env)
     out = os.path.join(base, row)
-    wall, rss = timed([sys.executable, "rl.py", ROWS[row], f"--seed={seed}", threads,
+    wall, rss = timed([sys.executable, "rl.py", *ROWS[row], f"--seed={seed}", threads,
                        f"--sft_ckpt={sft}/ckpt.pt", f"--out_dir={out}", *args["rl_args"]],
                       os.path.join(base, f"{row}.log"), env)
     record = {"row": row, "seed": seed, "mode": mode, "threads": int(args["threads"]),
@@ -108,7 +109,9 @@ def table(runs):
             first.update({int(k): v for k, v in r["first"].items()})
         n = sum(first.values())
         top = ", ".join(f"{g} ({c / n:.0%})" for g, c in first.most_common(3))
-        never = lambda k: f" [{sum(x is None for x in reached(k, 0))} never]" if None in reached(k, 0) else ""  # noqa
+        def never(k):  # runs that never got there, when some did
+            n = sum(x is None for x in reached(k, 0))
+            return f" [{n} of {len(rs)} never]" if 0 < n < len(rs) else ""
         threads = "/".join(sorted({str(r["threads"]) for r in rs}))
         lines.append(f"| {mode}, {threads} thr. | {NAMES[row]} | {', '.join(str(r['seed']) for r in rs)} | "
                      f"{spread([r['win'] for r in rs], '{:.3f}')} | "
@@ -135,7 +138,7 @@ def plot(runs, path):
                                                           if x["row"] == r["row"]) else None
         ax.plot(steps, win, color=colours[r["row"]], alpha=0.8,
                 ls="-" if r["mode"] == "bf16" else "--", label=label)
-    ax.axhline(0.99, color="black", lw=0.8, ls=":")
+    ax.axhline(0.99, color="black", lw=0.8, ls=":", label="the target, 0.99")
     ax.set(xlabel="RL step", ylabel="held-out win within 7 at T = 1", ylim=(0.3, 1.01),
            title="Guess the number from random demonstrations (a line per seed)")
     ax.legend(loc="lower right", fontsize=8)

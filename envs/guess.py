@@ -56,9 +56,7 @@ class Env:
     def score(self, final):
         return 1.0 if self.won else 0.0
 
-    def state(self):
-        """What the next guess can know (GiGPO's step groups): the numbers still possible and
-        the turns left."""
+    def state(self):  # GiGPO's step groups: the numbers still possible, the turns taken
         return self.lo, self.hi, self.turns
 
 

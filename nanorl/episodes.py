@@ -35,8 +35,6 @@ class Env(Protocol):
     def score(self, final: Optional[str]) -> float:
         """final: the policy's text after the last observation (None: no EOS) -> [0, 1]."""
 
-    # optional: state(self) -> Hashable, the state the next turn starts from (GiGPO's step groups)
-
 
 def check_env(task, module, args, answer):
     """One line for a task without an environment given --env_args, --env_args its Env does not
@@ -98,9 +96,8 @@ class Episodes:
 
     def retake(self, r, ids, act):
         """Row r's environment (fresh) retakes the turns of response ids (act: the policy's
-        tokens) -> [(where each turn starts in ids, the state it starts from)]: a turn is a run
-        of the policy's tokens, as losses.turn_index counts them. What the row samples next
-        is a new response, after ids (VinePPO's branches: nanorl/turns.py)."""
+        tokens) -> [(where each turn starts in ids, the state it starts from)], turns as
+        losses.turn_index counts them; what the row samples next is a new response (a branch)."""
         env, out = self.envs[r], []
         for t, (i, a) in enumerate(zip(ids, act)):
             if a and (t == 0 or not act[t - 1]):  # a turn's first token

@@ -1,23 +1,13 @@
 """
-Credit per turn of an environment's episodes, for the rows whose advantage is a turn's
-(losses.vine_advantages, losses.step_advantages hold the formulas). After dynamic sampling, in
-the sampler, each kept episode's turns are replayed through fresh environments
-(Episodes.retake), and every policy token gets its turn's:
+Credit per turn (docs/algorithms.md#credit-per-turn-vineppo-and-gigpo; the formulas:
+losses.vine_advantages, losses.step_advantages): after dynamic sampling, in the sampler, each kept
+episode's turns are replayed through fresh environments (Episodes.retake) and every policy token
+gets its turn's V(s_k) (VinePPO: the mean return from s_k of at least K = --branches continuations,
+the group's other rows through the prefix, then branches sampled from it; never the row's own) or
+state (GiGPO: an Env's optional state()).
 
-- VinePPO (Kazemnejad et al. 2024, arXiv 2410.01679): V(s_k), the value of the state turn k
-  starts from, is the mean return from there of at least K = --branches continuations of that
-  prefix (the prompt, then the episode up to the turn): the group's other rows through the same
-  prefix, which are such continuations already, topped up with branches, new continuations
-  sampled with the environment replayed to the prefix. A row's own future never enters its
-  V (leave-one-out); V(s_0), the prompt's, is the group's other rows' mean return (G - 1 >= K:
-  no branch); a prefix every row shares needs none either. model.generate's prefix tree runs
-  a prefix's branches off one prefill.
-- GiGPO (Feng et al. 2025, arXiv 2505.10978): the state each turn starts from, as the
-  environment's optional `state()` names it; a group's turns from one state form a step group.
-  Without an environment an episode is one turn, from the prompt.
-
-    python rl.py configs/rl_guess_vine.py
-    python rl.py configs/rl_guess_gigpo.py
+    python rl.py configs/rl_guess_pp.py configs/rl_guess_vine.py
+    python rl.py configs/rl_guess.py configs/rl_guess_gigpo.py
 """
 import torch
 
@@ -42,9 +32,8 @@ def check(cfg, algo, task):
 
 @torch.no_grad()
 def credit(cfg, algo, run, batch, idx, flat, gen):
-    """The rows kept of the groups of train problems idx (flat: the groups without signal,
-    dropped under dynamic sampling) -> batch, with values (VinePPO) or states (GiGPO) on
-    each token: its turn's."""
+    """The kept rows of the groups of problems idx (flat: those dynamic sampling dropped) ->
+    batch, each token with its turn's value (VinePPO) or state (GiGPO)."""
     task, G, L = run.task, cfg.group_size, batch.mask.size(1)
     problems = [task.train[i] for i, f in zip(idx, flat.tolist())
                 if not (f and cfg.dynamic_sampling)]  # one a group, as the batch's rows
@@ -65,12 +54,11 @@ def credit(cfg, algo, run, batch, idx, flat, gen):
     got = {key: max(0, K - len(rs) + 1) for key, rs in paths.items()}  # branches each needs
     got = branch(cfg, run, problems, {key: (paths[key][0], n) for key, n in got.items() if n},
                  acts, gen)
-    before = torch.zeros_like(batch.mask, dtype=torch.float) if batch.turn_rewards is None \
-        else batch.turn_rewards.cumsum(1) - batch.turn_rewards  # (N, L) earned before each
+    earned = batch.turn_rewards if batch.turn_rewards is not None else torch.zeros_like(batch.mu)
     value = {}  # (row, start) -> V(s_k): the other rows' returns from s_k and the branches'
     for (g, prefix), rs in paths.items():
         s = len(prefix)
-        togo = [batch.reward[r].item() - (before[r, s].item() if s else 0.0) for r in rs]
+        togo = [batch.reward[r].item() - earned[r, :s].sum().item() for r in rs]
         extra = got.get((g, prefix), [])
         for r, own in zip(rs, togo):
             value[r, s] = (sum(togo) - own + sum(extra)) / (len(rs) - 1 + len(extra))
@@ -111,8 +99,7 @@ def branch(cfg, run, problems, wanted, acts, gen):
 
 
 def spread(turns, per_turn, L):
-    """Each row's value of turn k on its positions, from its start to the next turn's ->
-    (N, L) float."""
+    """(N, L): each row's value of turn k from the turn's start to the next turn's."""
     out = torch.zeros(len(turns), L)
     for r, (row, values) in enumerate(zip(turns, per_turn)):
         for (start, _), v in zip(row, values):
