@@ -241,7 +241,7 @@ def token_advantages(kind, hp, batch, R, ref_lp, G):
     gae = kind == "gae"
     v = batch.values if gae else torch.zeros_like(rewards)  # V = 0, gamma = lam = 1
     gamma, lam = (hp["gamma"], hp["lam"]) if gae else (1.0, 1.0)
-    if kind == "vine":  # each turn's r + V(next state) - V(its state), V from the branches
+    if kind == "vine":  # a turn's r + V(next state) - V(its state), V from branches
         adv = losses.vine_advantages(rewards, batch.values, m)
     else:
         adv, targets = losses.gae(rewards, v, m, gamma, lam)
