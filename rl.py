@@ -503,12 +503,12 @@ def main(cfg):
     if rank == 0:
         print(f"hparams: {run.hp}", flush=True)
     train_step = pg_step if algo.family == "pg" else pref_step
-    if cfg.async_rollouts or cfg.inflight:  # a sampler process: nanorl/asyncrl.py
-        train_step = asyncrl.Pipeline(cfg, run, rank, world, setup, sample, pg_step,
-                                      Rollout)
-    if cfg.replay:  # train on a rollout log, not on samples: nanorl/rollout_log.py
-        rollout_log.check(cfg, algo)
-        train_step = partial(pg_step, sample=rollout_log.Replay(cfg.replay, Rollout))
+    if cfg.async_rollouts or cfg.inflight or cfg.replay:  # rollouts from elsewhere
+        if cfg.replay:  # a rollout log's, not samples: nanorl/rollout_log.py
+            train_step = partial(pg_step, sample=rollout_log.replay(cfg, algo, Rollout))
+        else:  # a sampler process: nanorl/asyncrl.py
+            train_step = asyncrl.Pipeline(cfg, run, rank, world, setup, sample, pg_step,
+                                          Rollout)
     hparams = {f"hparams/{k}": v for k, v in run.hp.items() if v is not None}
     with loop.Clock(cfg, run.state, rank, resolved={**run_config, "hparams": run.hp}) as clock:
         if not cfg.resume:

@@ -699,8 +699,8 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     (LOG, '"ref": None, **{k: v[r][t] for k, v in lists.items()}}',
      '"ref": None, **{k: v[r][max(t - 1, 0)] if k == "adv" else v[r][t] for k, v in lists.items()}}',
      "records: each token shows the advantage of the token before", LOG_FIELDS),
-    (RL, "train_step = partial(pg_step, sample=rollout_log.Replay(cfg.replay, Rollout))",
-     "train_step = partial(pg_step, sample=sample if rollout_log.Replay(cfg.replay, Rollout) else None)",
+    (RL, "train_step = partial(pg_step, sample=rollout_log.replay(cfg, algo, Rollout))",
+     "train_step = partial(pg_step, sample=sample if rollout_log.replay(cfg, algo, Rollout) else None)",
      "main: --replay samples afresh instead of reading the log", LOG_REPLAY),
     # issue 46: credit per turn
     (TU, "full = {key: prompts[key[0]] + list(key[1]) for key in wanted}",

@@ -41,13 +41,15 @@ class Flags:  # rl.py's flags of the rollout log
     replay: str = ""  # a rollout log (an out_dir/rollouts) to train on instead of sampling
 
 
-def check(cfg, algo):
-    """--replay (set) against the run: one line where it does not fit."""
+def replay(cfg, algo, rollout_cls):
+    """--replay (set) -> the Replay that stands in for rl.py's sampler, or one line where it
+    does not fit the run."""
     if algo.family != "pg" or cfg.staleness or cfg.async_rollouts:
         raise UserError("--replay trains a policy-gradient row on what each logged step trained "
                         "on: it needs --staleness=0 and no --async_rollouts")
     if not os.path.isdir(cfg.replay):
         raise UserError(f"--replay: no folder {cfg.replay} (a run's out_dir/rollouts)")
+    return Replay(cfg.replay, rollout_cls)
 
 
 def path(folder, step, ext):
