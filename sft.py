@@ -5,11 +5,11 @@ val (val/accuracy, picks best.pt) and test (eval/accuracy), sampled eval/pass@1 
 The loop, its settings (lr, evals, checkpoints, --resume): nanorl/loop.py.
 
     python sft.py configs/mul.py                            # -> out/sft-mul/ckpt.pt
-    python sft.py --task=path/to/folder --reverse=false --verifier=text   # docs/guides.md
+    python sft.py --task=path/to/folder --verifier=text     # your own data: docs/guides.md
     python sft.py configs/gpt2_mul.py --init_from=gpt2      # GPT-2 BPE and OpenAI's weights
 """
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
 
 import torch
@@ -32,7 +32,8 @@ class Config(TrainConfig):
     task: str = "mul"  # a name in data.tasks.TASKS, env:NAME, rg:NAME, or a folder (docs/guides.md)
     verifier: str = ""  # a name in verify.VERIFIERS, the reward in evals and rl.py; "" = exact
     rg: dict = field(default_factory=dict)  # an rg: task's generator config, e.g. dict(max_terms=3)
-    reverse: bool = True  # numbers least-significant digit first: 23*47=1081 is read as 32*74=1801
+    reverse: Optional[bool] = None  # numbers least-significant digit first: 23*47 read as 32*74;
+    # None: the task's, true for data.tasks.TASKS, false for a folder, rg: and env: (as written)
     tokenizer: str = "char"  # "char" (the task alphabet) or a tiktoken encoding, e.g. "gpt2"
     n_layer: int = 4
     n_head: int = 4
@@ -135,6 +136,8 @@ def build_model(cfg, tok):
 
 
 def main(cfg):
+    if cfg.reverse is None:  # resolved once: the checkpoint stores it, later stages read that
+        cfg = replace(cfg, reverse=cfg.task in TASKS)  # arithmetic only: digits align reversed
     shape = ("n_layer", "n_head", "n_embd", "block_size", "max_new_tokens")
     dev, rank, world = start(cfg, positive=("batch_size", "val_interval", "log_interval") + shape,
                              non_negative=("eval_samples", "micro_batch_size", "n_train"))

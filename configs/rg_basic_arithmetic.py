@@ -4,6 +4,7 @@
 task = "rg:basic_arithmetic"
 rg = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2, operators=("+", "-", "*"),
           allow_parentheses=False, allow_negation=False)
+reverse = True  # digits line up reversed; the README's row was measured so (rg: default false)
 out_dir = "out/sft-rg-basic_arithmetic"
 block_size = 32  # the longest question (19 characters) and max_new_tokens
 max_new_tokens = 8

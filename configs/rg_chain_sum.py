@@ -3,6 +3,7 @@
 # first (--reverse). Then GRPO: python bench/rg_table.py chain_sum (README, "The field's tasks").
 task = "rg:chain_sum"
 rg = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=2)
+reverse = True  # digits line up reversed; the README's row was measured so (rg: default false)
 out_dir = "out/sft-rg-chain_sum"
 block_size = 80  # the longest question (69 characters) and max_new_tokens
 max_new_tokens = 8

@@ -63,6 +63,10 @@ def splits(name, config):
         split = "test" if h < 2 else "val" if h == 2 else "train"  # 1/20 test, 1/40 val
         if split == "train" or len(out[split]) < HELD_OUT[split]:
             out[split].append((q, entry["answer"]))
+    if not all(out.values()):  # a narrow config: an empty split would divide evals by 0
+        sizes = ", ".join(f"{len(v)} {k}" for k, v in out.items())
+        raise DataError(f"rg:{name} config {config} gives {len(entries)} distinct problems: "
+                        f"{sizes}; every split needs at least one: widen the config")
 
     def score(question, answer):
         return float(dataset.score_answer(answer, entries[question]))

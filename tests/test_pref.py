@@ -182,6 +182,27 @@ def test_empty_or_mislabelled_files_are_errors(tmp_path):
     assert len(load_records(ensure_pairs("mul") / "kto_val.jsonl", "kto")) == 405
 
 
+def scored_rollout(scores):
+    """A rollout of one-token prompts [10 + r] and responses [r, 2] (EOS 2), with these scores."""
+    n = len(scores)
+    ids = torch.tensor([[10 + r, r, 2] for r in range(n)])  # (N, P+L), P = 1, L = 2
+    mask = torch.ones(n, 2, dtype=torch.long)
+    return rl.Rollout(ids, torch.zeros(n), mask, torch.zeros(n, 2), length=torch.full((n,), 2),
+                      score=torch.tensor(scores))
+
+
+def test_rft_keeps_only_the_samples_that_score_1():
+    """Verified-correct is a score of 1, as accuracy and pass@k count it: partial credit (an rg:
+    task's 0.5) is not kept. A pair row takes each group's best and worst sample."""
+    batch = scored_rollout([0.0, 0.5, 1.0, 1.0, 0.5, 0.0])  # 2 groups of 3
+    rows, labels = pref.rollout_rows(batch, L.ALGOS["rft"], 3)
+    assert rows == [([12], [2, 2], [1, 1]), ([13], [3, 2], [1, 1])] and labels is None
+    rows, labels = pref.rollout_rows(batch, L.ALGOS["dpo"], 3)
+    assert [p for p, _, _ in rows] == [[12], [13], [10], [15]]  # chosen, then rejected
+    rows, labels = pref.rollout_rows(batch, L.ALGOS["kto"], 3)
+    assert labels.tolist() == [True, True, False, False]
+
+
 @pytest.mark.parametrize("loss, pairs", [("dpo", "offline"), ("ipo", "offline"), ("kto", "offline"),
                                          ("dpo", "online"), ("kto", "online")])
 def test_preference_losses_run_and_log(sft_ckpt, tmp_path, monkeypatch, loss, pairs):  # noqa: F811

@@ -53,6 +53,16 @@ def test_one_line_errors_name_the_valid_ones(monkeypatch):
         rg.splits("chain_sum", {})
 
 
+def test_a_config_too_narrow_for_every_split_is_refused_at_load(tmp_path):
+    """2 one-digit terms give 200 questions, none of whose keys hashes to val: one line, not a
+    ZeroDivisionError at the first val eval."""
+    narrow = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1)
+    with pytest.raises(DataError, match=re.escape(
+            f"rg:chain_sum config {narrow} gives 200 distinct problems: 184 train, 0 val, 16 test; "
+            "every split needs at least one: widen the config")):
+        sft.main(sft.Config(task="rg:chain_sum", rg=narrow, block_size=80, out_dir=str(tmp_path)))
+
+
 def chain_task(reverse):
     """A test problem whose answer reads differently reversed (the digit order must be turned back)."""
     splits, scorer = rg.splits("chain_sum", CHAIN)

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 import sft
-from nanorl.checkpoint import load_checkpoint
+from nanorl.checkpoint import load_checkpoint, model_from_checkpoint
+from nanorl.config import load_config
+from nanorl.evaluate import Task
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY = dict(n_layer=1, n_head=2, n_embd=32, batch_size=32, warmup_iters=5, eval_interval=15,
@@ -70,7 +72,7 @@ def test_encode_split_masks_answer_and_eos():
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 def test_sample_cli_and_accuracy_agrees(sft_run, tmp_path):
@@ -186,7 +188,7 @@ def test_gpt2_config_offline_fails_in_one_line_naming_the_file(tmp_path):
     env = {**os.environ, "TIKTOKEN_CACHE_DIR": str(tmp_path), "HTTPS_PROXY": "http://127.0.0.1:9",
            "https_proxy": "http://127.0.0.1:9", "NO_PROXY": "", "no_proxy": ""}
     r = subprocess.run([sys.executable, "sft.py", "configs/gpt2_mul.py", "--max_iters=2", f"--out_dir={tmp_path}/o"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+                       cwd=ROOT, capture_output=True, text=True, timeout=600, env=env)
     assert r.returncode == 2
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "Traceback" not in r.stderr
@@ -203,3 +205,34 @@ def test_n_train_sees_only_its_labelled_problems_and_is_recorded(tmp_path, monke
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["config"]["n_train"] == 50
     with pytest.raises(sft.UserError, match="n_train=99999 but the train split holds"):
         sft.main(sft.Config(max_iters=2, out_dir=str(tmp_path), n_train=99999, **TINY))
+
+
+CITIES = {"train": [("city 12?", "Paris"), ("city 34?", "Rome")], "val": [("city 56?", "Oslo")],
+          "test": [("city 78?", "Bern")]}
+
+
+@pytest.mark.parametrize("task, flags, want", [
+    ("mul", [], True), ("cities", [], False), ("cities", ["--reverse=true"], True),
+    ("rg:chain_sum", ['--rg={"max_terms": 2, "max_digits": 2}', "--block_size=80"], False),
+    ("env:guess", ["--block_size=48", "--max_new_tokens=40"], False)])
+def test_reverse_defaults_to_the_tasks_and_the_checkpoint_stores_it(tmp_path, task, flags, want):
+    """Only the built-in arithmetic tasks reverse by default: a folder's answer "Paris" trained
+    reversed would be "siraP", and the digits in its prompts flipped. The command line wins."""
+    if task == "cities":
+        task = str(tmp_path / "cities")
+        os.mkdir(task)
+        for split, problems in CITIES.items():
+            with open(os.path.join(task, f"{split}.jsonl"), "w") as f:
+                f.writelines(json.dumps({"prompt": p, "answer": a}) + "\n" for p, a in problems)
+        flags = flags + ["--verifier=text"]
+    tiny = [f"--{k}={v}" for k, v in {**TINY, "eval_samples": 0, "max_iters": 0}.items()]
+    cfg = load_config(sft.Config, [f"--task={task}", *flags, *tiny, f"--out_dir={tmp_path / 'o'}"])
+    sft.main(cfg)
+    path = str(tmp_path / "o" / "ckpt.pt")
+    ckpt = load_checkpoint(path)
+    assert ckpt["config"]["reverse"] is want
+    if task.endswith("cities"):  # what the model reads and writes
+        t = Task.of(ckpt, path, model_from_checkpoint(ckpt, path)[1])
+        prompt, answer = t.gold_rows(t.train[:1])[0]
+        assert (t.tok.decode(prompt), t.tok.decode(answer[:-1])) == \
+            (("city 21?", "siraP") if want else ("city 12?", "Paris"))

@@ -44,7 +44,7 @@ def test_own_task_folder_and_verifier_through_sft_rl_and_sample(tmp_path):
     assert res["metrics"]["eval/accuracy"] == 1.0 and [r for r in rows if "rl/accuracy" in r][0]["rl/accuracy"] > 0.5
 
     r = subprocess.run([sys.executable, "sample.py", f"--ckpt={out / 'ckpt.pt'}", f"--prompts_file={task / 'test.txt'}"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "accuracy 1.0000 (4/4)" in r.stderr
 
 
@@ -88,8 +88,20 @@ def test_a_jsonl_task_through_sft_rl_and_sample(tmp_path):
     rl.main(rl.Config(sft_ckpt=str(out / "ckpt.pt"), out_dir=str(tmp_path / "rl"), loss="grpo", max_iters=1,
                       eval_interval=1, prompts_per_step=2, group_size=4, eval_samples=2, threads=1))
     r = subprocess.run([sys.executable, "sample.py", f"--ckpt={out / 'ckpt.pt'}", "--split=test"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=120)
+                       capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "accuracy" in r.stderr and r.stdout.count("rev=") == 2
+
+
+def test_an_empty_or_missing_jsonl_split_is_refused_at_load(tmp_path):
+    """Every split needs a problem (an empty one would divide its evals by 0): one line each."""
+    task = write_jsonl(tmp_path / "rev", reverse_rows)
+    (task / "val.jsonl").write_text("\n")
+    cfg = dict(task=str(task), verifier="text", out_dir=str(tmp_path / "o"))
+    with pytest.raises(DataError, match=r"rev/val.jsonl: no problems in file$"):
+        sft.main(sft.Config(**cfg))
+    (task / "val.jsonl").unlink()
+    with pytest.raises(DataError, match=r"rev lacks val.jsonl\)$"):
+        sft.main(sft.Config(**cfg))
 
 
 @pytest.mark.parametrize("line, match", [
