@@ -11,6 +11,17 @@ the terminal, listed under its row). The page (no server, no network: its data, 
 are inside it) has a step to pick, the step's groups side by side, each token's log-probs, ratio
 pi_old / mu and advantage on hover, and a column of each prompt's mean group reward at every
 logged step. A URL ending #hover=ROW,TOKEN opens with that token hovered.
+
+Where the task reverses digits (sft.py's --reverse: the model reads and writes numbers
+least-significant digit first, 486 as 684), the prompt and tokens stay in the model's order, each
+prompt and response follows in brackets as a person reads it, and a note a step says so.
+
+The log's text is shown as text, whatever it holds. The terminal prints control characters as
+escapes (ESC as \\x1b, U+2028 as \\u2028, a newline as \\n): a prompt cannot set the title or
+clear the screen. The page writes the log only as text, escapes its script's data so that no
+prompt (`</script>`, `<!--<script>`) ends or hides the script, and keys its tables by prompt
+without a prototype (a prompt `__proto__` is one more row). Piped into `head`, the viewer stops
+quietly when the reader has gone.
 """
 import argparse
 import glob
@@ -22,6 +33,8 @@ import sys
 
 DIM, GREEN, RED, UNDER, END = "\033[2m", "\033[32m", "\033[31m", "\033[4m", "\033[0m"
 SURPRISE_MU, SURPRISE_GAP = math.log(0.05), 1.0
+DIGITS = ("digits least-significant first, as the model reads and writes them; in brackets as a "
+          "person reads them")  # said once a step, where the task reverses them
 
 
 def surprising(tok):
@@ -29,9 +42,16 @@ def surprising(tok):
     return tok["role"] == "policy" and (tok["mu"] < SURPRISE_MU or gap > SURPRISE_GAP)
 
 
+def shown(text):
+    """Text from the log as the terminal prints it: a newline as \\n and every other character a
+    terminal could act on (ESC, BEL, CR, U+2028, ...) as its Python escape (\\x1b, \\u2028), so
+    a run's prompts and tokens never set the window's title, move the cursor or clear the screen."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 def paint(tok, color):
-    """One token as the terminal shows it."""
-    text = tok["text"].replace("\n", "\\n")
+    """One token as the terminal shows it: its text shown(), then the viewer's own colours."""
+    text = shown(tok["text"])
     if not color:
         return f"[{text}]" if tok["role"] == "env" else text
     adv = tok["adv"]
@@ -49,25 +69,31 @@ def read(file):
 
 
 def show(records, color=True, out=None):
-    """A step's records, group by group (to out, or stdout)."""
+    """A step's records, group by group (to out, or stdout). Every line from the log passes
+    shown() (its prompts already as repr), so only the viewer's colours reach the terminal."""
     out = out or sys.stdout
     groups = {}
     for r in records:
         groups.setdefault(r["group"], []).append(r)
+    if any(r.get("reversed") for r in records):  # a log written before the key: not reversed
+        print(shown(f"step {records[0]['step']}: {DIGITS}"), file=out)
     for g, rows in groups.items():
         rewards = " ".join(f"{r['reward']:.2f}" for r in rows)
         first = rows[0]
-        print(f"step {first['step']} (version {first['version']}) group {g}: "
-              f"{first['prompt']!r}  rewards {rewards}", file=out)
+        normal = f" ({first['prompt_normal']!r})" if first.get("reversed") else ""
+        print(shown(f"step {first['step']} (version {first['version']}) group {g}: "
+                    f"{first['prompt']!r}{normal}  rewards {rewards}"), file=out)
         for r in rows:
             turns = "" if r["turns"] is None else f" turns {r['turns']}"
             cut = " truncated" if r["truncated"] else ""
+            head = shown(f"  reward {r['reward']:+.3f} score {r['score']:.2f}{turns}{cut} | ")
             line = "".join(paint(t, color) for t in r["tokens"])
-            print(f"  reward {r['reward']:+.3f} score {r['score']:.2f}{turns}{cut} | {line}",
-                  file=out)
+            if r.get("reversed"):
+                line += shown(f" ({r['response_normal']!r})")
+            print(head + line, file=out)
             for t in (t for t in r["tokens"] if surprising(t)):
-                print(f"      surprising {t['text']!r}: mu {t['mu']:.2f} pi_old {t['old']:.2f} "
-                      f"adv {t['adv']:+.3f}", file=out)
+                print(shown(f"      surprising {t['text']!r}: mu {t['mu']:.2f} "
+                            f"pi_old {t['old']:.2f} adv {t['adv']:+.3f}"), file=out)
 
 
 PAGE = r"""<!doctype html><html><head><meta charset="utf-8">
@@ -80,17 +106,24 @@ body{font:13px monospace;margin:12px;background:#fff;color:#222}#main{display:fl
 #tip{position:fixed;display:none;background:#ffd;border:1px solid #aa8;padding:4px;white-space:pre}
 #moves td{padding:1px 6px;border-bottom:1px solid #eee}#moves{border-collapse:collapse}
 </style></head><body><h3>TITLE</h3>step <select id="step"></select>
+<div id="digits" class="meta" hidden>DIGITS</div>
 <div id="main"><div id="groups"></div><table id="moves"></table></div><div id="tip"></div><script>
 const LOG = DATA;
 const f = x => x === null || x === undefined ? "-" : x.toFixed(3);
+// Tables keyed by the log's text have no prototype: in a plain {}, by["__proto__"] would be
+// Object.prototype, and what went in there would show up in every object of the page
+const table = () => Object.create(null);
+// a prompt as the model reads it and, where its digits are reversed, as a person does
+const prompt = r => r.reversed ? r.prompt + " (" + r.prompt_normal + ")" : r.prompt;
 function draw(step) {
   const g = document.getElementById("groups"); g.innerHTML = "";
-  const groups = {};
+  const groups = table();
+  document.getElementById("digits").hidden = !LOG[step].some(r => r.reversed);
   LOG[step].forEach(r => (groups[r.group] = groups[r.group] || []).push(r));
   Object.values(groups).forEach(rows => {
     const d = document.createElement("div"); d.className = "group";
     d.innerHTML = "<b></b><div class=meta></div>";
-    d.querySelector("b").textContent = "group " + rows[0].group + ": " + rows[0].prompt;
+    d.querySelector("b").textContent = "group " + rows[0].group + ": " + prompt(rows[0]);
     d.querySelector(".meta").textContent =
       "rewards " + rows.map(r => r.reward.toFixed(2)).join(" ");
     rows.forEach(r => {
@@ -107,6 +140,10 @@ function draw(step) {
         s.onmouseover = ev => tip(t, ev.clientX, ev.clientY); s.onmouseout = () => tip(null);
         e.appendChild(s);
       });
+      if (r.reversed) {  // the response as a person reads it
+        const n = document.createElement("span"); n.className = "meta";
+        n.textContent = " (" + r.response_normal + ")"; e.appendChild(n);
+      }
       d.appendChild(e);
     });
     g.appendChild(d);
@@ -123,9 +160,9 @@ function tip(t, x, y) {
   el.style.left = (x + 12) + "px"; el.style.top = (y + 12) + "px"; el.style.display = "block";
 }
 function moves() {
-  const steps = Object.keys(LOG), by = {};
+  const steps = Object.keys(LOG), by = table();  // prompt -> step -> its rows' rewards
   steps.forEach(s => LOG[s].forEach(r => {
-    const k = r.prompt, m = (by[k] = by[k] || {}); (m[s] = m[s] || []).push(r.reward); }));
+    const k = prompt(r), m = (by[k] = by[k] || table()); (m[s] = m[s] || []).push(r.reward); }));
   const mean = v => v ? (v.reduce((a, b) => a + b, 0) / v.length).toFixed(2) : "";
   const cells = (tag, f) => steps.map(s => `<${tag}>${f(s)}</${tag}>`).join("");
   let h = "<tr><th>prompt: mean group reward</th>" + cells("th", s => s) + "</tr>";
@@ -147,6 +184,12 @@ if (h) {
 </script></body></html>"""
 
 
+# The HTML parser reads the script before JavaScript does: "</script>" in the log would end it
+# and "<!--<script>" would hide its real end. Written as \u escapes (the same strings to
+# JavaScript), no text of the log can be markup; so are U+2028/9 (line ends to older JavaScript).
+SCRIPT_SAFE = {ord(c): f"\\u{ord(c):04x}" for c in "<>&\u2028\u2029"}
+
+
 def page(logs, title):
     """{step: records} -> one self-contained HTML page; each token marked surprising or not by
     surprising(), the terminal's rule. The log goes in last, so no text of it is read as a
@@ -154,8 +197,9 @@ def page(logs, title):
     logs = {str(s): [{**r, "tokens": [{**t, "surprise": surprising(t)} for t in r["tokens"]]}
                      for r in recs] for s, recs in sorted(logs.items())}
     head, tail = PAGE.split("DATA", 1)
-    return head.replace("TITLE", html.escape(title)) + \
-        json.dumps(logs).replace("</", "<\\/") + tail
+    data = json.dumps(logs).translate(SCRIPT_SAFE)
+    head = head.replace("TITLE", html.escape(title)).replace("DIGITS", html.escape(DIGITS))
+    return head + data + tail
 
 
 def main(argv=None):
@@ -174,15 +218,24 @@ def main(argv=None):
         files = [f for f in files if f.endswith(f"step_{a.step:06d}.jsonl")]
     if not files:
         print(f"no step logged in {folder}" + (f" at step {a.step}" if a.step else "") +
-              " (rl.py logs every --log_every steps, and only steps that update)")
+              " (rl.py logs every --log_every steps, 25: a shorter run, none; --log_every=1 "
+              "logs each)")
     if a.html:
         with open(a.html, "w") as f:
             f.write(page({int(os.path.basename(f)[5:11]): read(f) for f in files}, a.out_dir))
         print(f"wrote {a.html}: {len(files)} steps")
         return
     for f in files:
-        show(read(f), color=not a.no_color and sys.stdout.isatty())
+        records = read(f)
+        if not records:  # a log of every step holds the steps without an update too
+            print(f"step {int(os.path.basename(f)[5:11])}: no update, no rows")
+        show(records, color=not a.no_color and sys.stdout.isatty())
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+        sys.stdout.flush()  # a reader gone (`| head`) shows here, not in the exit's own flush
+    except BrokenPipeError:  # the Python docs' recipe (signal): stop quietly, output to nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(1)
