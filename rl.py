@@ -105,7 +105,7 @@ class Run:  # what setup builds once and every step reads
     hp: dict  # the row's hyperparameters (adaptive KL moves beta)
     rm: Optional[RewardModel] = None
     teacher: Optional[torch.nn.Module] = None
-    queue: deque = field(default_factory=deque)  # rollouts not trained on yet
+    queue: deque = field(default_factory=deque)  # (rollout, its sampling stats) to train on
     state: loop.State = field(default_factory=loop.State)  # a resume restores it
 
 # -------------------- rollouts, rewards
@@ -269,16 +269,17 @@ def pg_step(cfg, algo, run, lr, gen, sample=sample):
     async pipeline's stands in for this process's sampler (nanorl/asyncrl.py)."""
     batch, stats = sample(cfg, algo, run, gen)
     if cfg.staleness:  # the off-policy lab: train on the rollout of staleness steps ago
-        run.queue.append(batch)
-        if len(run.queue) <= cfg.staleness:  # the queue is filling
-            return mean_over_ranks(stats)
-        batch = run.queue.popleft()
+        run.queue.append((batch, stats))  # with its sampling stats, the rollout log's
+        full = len(run.queue) > cfg.staleness  # else the queue is filling: no update
+        batch, sampled = run.queue.popleft() if full else (None, {})
     if all_reduce(float(batch is None), "max").item():  # on any rank: no update
+        if cfg.log_rollouts < 0 and cfg.log_every == 1:  # a replayable log holds it too
+            rollout_log.write(cfg, run, None, sampled if cfg.staleness else stats, None, None)
         return mean_over_ranks(stats)
     ref_lp, adv, inputs, prepared = prepare(cfg, algo, run, batch)
-    if cfg.log_rollouts and (run.state.step + 1) % cfg.log_every == 0:
-        rollout_log.write(cfg, run, batch, stats, adv, ref_lp)  # nanorl/rollout_log.py
-    stats.update(prepared, **update(cfg, algo, run, batch, adv, inputs, ref_lp, lr, gen))
+    if cfg.log_rollouts and (run.state.step + 1) % cfg.log_every == 0:  # nanorl/rollout_log.py
+        rollout_log.write(cfg, run, batch, sampled if cfg.staleness else stats, adv, ref_lp)
+    stats = {**stats, **prepared, **update(cfg, algo, run, batch, adv, inputs, ref_lp, lr, gen)}
     stats = mean_over_ranks({**stats, **rollout_metrics(
         batch, ref_lp, inputs.get("value_targets"), run.hp.get("beta"))})
     if run.hp.get("kl_target"):  # PPO's adaptive KL controller, on every rank's rows
@@ -459,7 +460,8 @@ def resume(cfg, run, rank, run_config):
     run.hp, rank_state = ck["hparams"], ck["ranks"][rank]
     run.prompts.load_state_dict(rank_state["sampler"])
     dev = next(run.model.parameters()).device
-    run.queue.extend(offpolicy.from_dict(d, dev, Rollout) for d in rank_state["queue"])
+    run.queue.extend((offpolicy.from_dict(batch, dev, Rollout), stats)
+                     for batch, stats in rank_state["queue"])
     if run.rm:
         run.rm.load_state_dict(rank_state["rm"])
 
@@ -467,7 +469,7 @@ def resume(cfg, run, rank, run_config):
 def save(cfg, run, run_config, name):
     """ckpt.pt or best.pt, with each rank's prompt sampler, queue and RM statistics."""
     rank_state = {"sampler": run.prompts.state_dict(), "rm": run.rm and run.rm.state_dict(),
-                  "queue": [offpolicy.to_dict(batch) for batch in run.queue]}
+                  "queue": [(offpolicy.to_dict(batch), stats) for batch, stats in run.queue]}
     loop.save(cfg, name, run.model, run.opt, run_config, run.state, run.task.tok, rank_state,
               hparams=run.hp)
 
@@ -505,7 +507,8 @@ def main(cfg):
     train_step = pg_step if algo.family == "pg" else pref_step
     if cfg.async_rollouts or cfg.inflight or cfg.replay:  # rollouts from elsewhere
         if cfg.replay:  # a rollout log's, not samples: nanorl/rollout_log.py
-            train_step = partial(pg_step, sample=rollout_log.replay(cfg, algo, Rollout))
+            replay = rollout_log.replay(cfg, algo, run, world, rank, Rollout)
+            train_step = partial(pg_step, sample=replay)
         else:  # a sampler process: nanorl/asyncrl.py
             train_step = asyncrl.Pipeline(cfg, run, rank, world, setup, sample, pg_step,
                                           Rollout)

@@ -25,9 +25,13 @@ and mu is what the sampler computed: the new weights over keys and values the ol
 (docs/guides.md#async-rl). pi_old is the trainer's (offpolicy.recompute), so --rollout_is and
 --decoupled weigh each token by its own mu. A resume re-samples the rollout in flight.
 """
+import contextlib
+import io
 import itertools
 import os
+import queue
 import signal
+import threading
 import time
 import weakref
 from dataclasses import asdict
@@ -66,7 +70,7 @@ class Pipeline:
         torch.set_num_threads(max(1, threads - threads // 2))
         dev = next(run.model.parameters()).device
         ctx = mp.get_context("spawn")  # a fresh interpreter: safe with CUDA and OpenMP
-        weights, self.weights = ctx.Pipe(duplex=False)  # (the sampler's end, ours) each
+        weights, ours = ctx.Pipe(duplex=False)  # (the sampler's end, ours) each
         self.rollouts, rollouts = ctx.Pipe(duplex=False)
         state = {"sampler": run.prompts.state_dict(), "rm": run.rm and run.rm.state_dict()}
         self.proc = ctx.Process(target=serve, name=f"nanorl-sampler-{rank}", daemon=True, args=(
@@ -75,14 +79,16 @@ class Pipeline:
             os.getpid()))
         self.proc.start()
         weights.close(), rollouts.close()  # the sampler's ends: its death reads as EOF here
+        self.weights = Sender(ours)
         weakref.finalize(self, stop, self.proc, self.weights)  # at any exit of the trainer
         self.publish(run, run.state.step)
+        self.receive(run.state.step, "its start")  # set up: a slow start is not a hung rollout
 
     def __call__(self, cfg, algo, run, lr, gen):
         """Step s: update on rollout s-k while the sampler makes rollout s -> the stats."""
         t0, s = time.time(), run.state.step + 1
         full = len(run.queue) == cfg.staleness  # rollout s-k is queued: this step updates
-        lag = version_lag(run.queue[0], s - 1) if full else {}
+        lag = version_lag(run.queue[0][0], s - 1) if full else {}
         # pg_step queues a stand-in for rollout s, trains on s-k; rollout s replaces it below
         stats = self.pg_step(cfg, algo, run, lr, gen, sample=lambda *_: (None, {}))
         self.publish(run, s)
@@ -90,7 +96,7 @@ class Pipeline:
         msg = self.receive(s)
         waited = time.time() - t1
         dev = next(run.model.parameters()).device
-        run.queue[-1] = offpolicy.from_dict(msg["batch"], dev, self.rollout_cls)
+        run.queue[-1] = (offpolicy.from_dict(msg["batch"], dev, self.rollout_cls), msg["stats"])
         run.prompts.load_state_dict(msg["sampler"])  # as of rollout s: what a checkpoint holds
         if run.rm:
             run.rm.load_state_dict(msg["rm"])
@@ -101,26 +107,24 @@ class Pipeline:
     def publish(self, run, version):
         """The policy's weights as version `version`, copied: the trainer goes on updating."""
         state = {k: v.detach().clone() for k, v in unwrap(run.model).state_dict().items()}
-        try:
-            self.weights.send((version, state))
-        except OSError:  # the sampler is gone: receive() says so
-            pass
+        self.weights.put((version, state))
 
-    def receive(self, s):
-        """Rollout s from the sampler -> its message; one line if it died, failed or hung."""
-        t = time.time()
+    def receive(self, s, at=""):
+        """Rollout s from the sampler (s = the step before the first: its word that it is set
+        up) -> its message; one line if it died, failed or hung."""
+        t, at = time.time(), at or f"rollout {s}"
         while not self.rollouts.poll(1.0):
             if time.time() - t > self.timeout and self.proc.is_alive():
-                raise UserError(f"the async sampler sent no rollout in {self.timeout:g} s "
-                                f"(--async_timeout): hung at rollout {s}")
+                raise UserError(f"the async sampler sent nothing in {self.timeout:g} s "
+                                f"(--async_timeout): hung at {at}")
         try:
-            msg = self.rollouts.recv()
+            msg = recv(self.rollouts)
         except EOFError:  # it exited, or was killed mid-message
             self.proc.join(5)
-            raise UserError(f"the async sampler died (exit code {self.proc.exitcode}) before "
-                            f"rollout {s}") from None
+            raise UserError(f"the async sampler died (exit code {self.proc.exitcode}) at "
+                            f"{at}") from None
         if "error" in msg:
-            raise UserError(f"the async sampler failed at rollout {s}: {msg['error']}")
+            raise UserError(f"the async sampler failed at {at}: {msg['error']}")
         assert msg["step"] == s, (msg["step"], s)  # rollouts come in order, one a step
         return msg
 
@@ -143,19 +147,52 @@ def sampler_device(dev, rank, world):
 
 
 def stop(proc, weights):
-    """End the sampler: ask, then terminate, then kill; never leave it behind."""
+    """End the sampler: ask, then kill (it ignores SIGTERM); never leave it behind."""
     if proc.is_alive():
-        try:
-            weights.send(None)
-        except OSError:
-            pass
-        proc.join(2)
-    if proc.is_alive():
-        proc.terminate()
+        weights.put(None)
         proc.join(2)
     if proc.is_alive():
         proc.kill()
         proc.join()
+
+
+def send(conn, obj):
+    """obj down a pipe as the bytes torch.save writes: no shared memory or file descriptor
+    travels, so either end may die mid-message and the other reads EOF or a broken pipe, never
+    a traceback from a thread serving a transfer (torch.multiprocessing's default)."""
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    conn.send_bytes(buf.getbuffer())
+
+
+class Sender:
+    """The trainer's end of the weights' pipe, written in order by a thread of its own: a
+    version is sent while the sampler reads it, and the trainer goes on (a send blocks until the
+    other end reads, which it may do only after sending its rollout)."""
+
+    def __init__(self, conn):
+        self.conn, self.todo = conn, queue.Queue()
+        threading.Thread(target=self.feed, name="nanorl-publish", daemon=True).start()
+
+    def put(self, obj):
+        self.todo.put(obj)
+
+    def feed(self):
+        while True:
+            try:
+                send(self.conn, self.todo.get())
+            except OSError:  # the sampler is gone: receive() says so
+                return
+
+
+def recv(conn):
+    """The next object send() wrote, on the CPU; EOFError when the other end is gone, even
+    mid-message."""
+    try:
+        data = conn.recv_bytes()
+    except OSError:  # "got end of file during message"
+        raise EOFError from None
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
 
 
 class InFlight(torch.nn.Module):
@@ -187,7 +224,7 @@ class Weights:
 
     def __init__(self, model, conn, parent):
         self.model, self.conn, self.parent, self.version = model, conn, parent, -1
-        self.idle = 0.0  # seconds spent waiting for a version
+        self.idle = 0.0  # seconds spent waiting: for a version, for the trainer to read
 
     def load(self, state):
         if state is None:  # the trainer says stop
@@ -200,14 +237,14 @@ class Weights:
         t = time.time()
         while self.version < version:
             if self.conn.poll(1.0):
-                self.load(self.conn.recv())
+                self.load(recv(self.conn))
             orphaned(self.parent)
         self.idle += time.time() - t
 
     def poll(self):
         """In flight: load every version published so far, without waiting."""
         while self.conn.poll():
-            self.load(self.conn.recv())
+            self.load(recv(self.conn))
 
 
 def orphaned(parent):
@@ -220,7 +257,8 @@ def serve(cfg, cls, hp, dev, rank, world, first, state, threads, setup, sample, 
           parent):
     """The sampler process: rollout first, first + 1, ..., each sent to the trainer (`out`) with
     its stats and the prompt sampler's and reward model's state after it."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the trainer, which stops us
+    for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C, timeout, a scheduler's cancel: the
+        signal.signal(sig, signal.SIG_IGN)  # trainer finishes its step, saves and stops us
     torch.set_num_threads(threads)
     dev = torch.device(dev)
     try:
@@ -233,17 +271,21 @@ def serve(cfg, cls, hp, dev, rank, world, first, state, threads, setup, sample, 
             run.rm.load_state_dict(state["rm"])
         source = Weights(run.model, weights, parent)
         run.model = InFlight(run.model, source, cfg.inflight)
+        send(out, {"step": first - 1})  # set up: the trainer's timeout now times rollouts
+        idle, t = source.idle, time.time()  # a rollout's span: from the last one's send
         for s in itertools.count(first):
-            idle, t = source.idle, time.time()
             source.wait_for(s - 1)  # pacing: rollout s is version s-1's
             gen = seeded(dev, "rollout", cfg.seed, rank, s)
             with torch.autocast(dev.type, torch.bfloat16, enabled=cfg.bf16):
                 batch, stats = sample(cfg, algo, run, gen)
             idle_frac = (source.idle - idle) / (time.time() - t)
-            out.send({"step": s, "batch": offpolicy.to_dict(batch), "stats": stats,
-                     "idle_frac": idle_frac, "sampler": run.prompts.state_dict(),
-                     "rm": run.rm and run.rm.state_dict()})
+            idle, t = source.idle, time.time()
+            send(out, {"step": s, "batch": offpolicy.to_dict(batch), "stats": stats,
+                       "idle_frac": idle_frac, "sampler": run.prompts.state_dict(),
+                       "rm": run.rm and run.rm.state_dict()})
+            source.idle += time.time() - t  # until the trainer read it: waiting too
     except (SystemExit, EOFError, BrokenPipeError):  # told to stop, or the trainer is gone
         return
-    except BaseException as e:  # the trainer reports it in one line
-        out.send({"error": f"{type(e).__name__}: {e}".splitlines()[0]})
+    except BaseException as e:  # the trainer reports it in one line, if it is still there
+        with contextlib.suppress(OSError):
+            send(out, {"error": f"{type(e).__name__}: {e}".splitlines()[0]})

@@ -111,6 +111,11 @@ class Task:
                 f"{self.verifier_name!r}" + (f": use --verifier={fits[0]}" if fits else
                                               ", and under every other"))
 
+    def normal_order(self, response):
+        """A decoded response as a person reads it: with reverse, an answer's digits turned back
+        ("486" for the model's "684"), an environment's numbers each turned back."""
+        return (format_prompt if self.env_module else parse_answer)(response, self.reverse)
+
     def settings(self):
         return {"task": self.name, "reverse": self.reverse, "verifier": self.verifier_name,
                 "n_train": self.n_train, "rg": self.rg}
@@ -205,10 +210,9 @@ def sample_kl(ref, outs, temperature, eos_id, prefix="eval"):
 
 def score_samples(task, out, problems, episodes=None):
     """[(score, completion in normal order)] for each row of a `generate` result and its
-    problem; an episode's numbers are each turned back (format_prompt)."""
-    show = format_prompt if task.env_module else parse_answer
+    problem (Task.normal_order)."""
     acts = out["action_mask"][:, out["prompt_len"]:].tolist()
-    return [(task.score(ids, act, p, episodes, r), show(task.tok.decode(ids), task.reverse))
+    return [(task.score(ids, act, p, episodes, r), task.normal_order(task.tok.decode(ids)))
             for r, (ids, p, act) in enumerate(zip(responses(out), problems, acts))]
 
 

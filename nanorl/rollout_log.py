@@ -6,42 +6,70 @@ reads it and as the trainer took it, and --replay, which trains on a log instead
     python rl.py --loss=dapo --replay=out/rl-log/rollouts --out_dir=out/rl-replay   # the same data
     python -m nanorl.view out/rl-log                                   # read it (nanorl/view.py)
 
-Step s writes out_dir/rollouts/step_<s>.jsonl, a record per row of its first --log_rollouts
-groups (negative: all) after the advantages are computed: step, version (the weights that
-sampled it), group, prompt and response as the model reads them, score, reward, turns,
-truncated, and per response token its text, role (policy or env: the environment's tokens), mu,
-old (pi_old), ref (the reference's log-prob, when the row has a KL term, else null), adv,
-turn_reward and (async) version; and step_<s>.pt, those
-rows as the Rollout the trainer took (and the step's sampling stats). Both are written to a
-temporary name and renamed, so a killed run leaves whole files only. With --wandb=true the rows
-are also a wandb Table, "rollouts". Cost on the default task (2 groups of 16 rows every 25 steps):
-42 KB and 2 ms a logged step, 0.5 MB over a 300-step run (bench/README.md).
+Every --log_every-th step writes out_dir/rollouts/step_<s>.jsonl: a record per row of the first
+--log_rollouts groups (negative: all) that the step trained on, after the advantages are computed,
+over every rank's rows in rank order (written by rank 0). A record holds step, version (the
+weights that sampled it), rank, group and row (counted over the ranks), prompt and response as the
+model reads them, reversed (its numbers are least-significant digit first), prompt_normal and
+response_normal (as a person reads them), score, reward, turns, truncated, and per response token
+its text, role (policy or env: the environment's tokens), mu, old (pi_old), ref (the reference's
+log-prob, when the row has a KL term, else null), adv, turn_reward and (async) version.
+step_<s>.pt holds those rows as each rank's Rollout, with the sampling stats of that rollout (its
+own, also when --staleness or async trains on an older one), the row's --loss and the facts a
+replay must share (facts()). In a log of every group of every step (--log_rollouts=-1
+--log_every=1, the one a replay takes) a step that made no update (every group flat, the stale
+queue still filling) has its files too, without rows. Both are written to a temporary name and
+renamed, so a killed run leaves whole files only. With --wandb=true the rows are also a wandb
+Table, "rollouts". Cost on the default task (2 groups of 16 rows every 25 steps): 42 KB and 2 ms
+a logged step, 0.5 MB over a 300-step run (bench/README.md).
 
---replay=DIR: step s trains on DIR's step_<s>.pt instead of sampling (the log of a run with
---log_rollouts=-1 --log_every=1; a step without a file had no update). From the same SFT
-checkpoint this gives the logged run's weights bit for bit (the update's own random numbers aside:
---minibatches > 1, Clip-/KL-Cov); with another --loss or knob, the same data under another update,
-its ratio anchored at the logged policy's pi_old.
+--replay=DIR: step s trains on DIR's step_<s>.pt instead of sampling, each rank on its own rows:
+the log of every group of every step (--log_rollouts=-1 --log_every=1) of a run with this one's
+facts, and, for a row whose advantage reads what its own sampling computes (COLUMNS), of a run of
+that advantage; one line names the first thing that does not fit. From the same SFT checkpoint this
+gives the logged run's weights bit for bit (the update's own random numbers aside: --minibatches >
+1, Clip-/KL-Cov); with another --loss or knob, the same data under another update, its ratio
+anchored at the logged policy's pi_old.
 """
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
+import torch.distributed as dist
 
+import losses
+from data.tasks import format_prompt
 from nanorl import offpolicy
 from nanorl.config import UserError
+from nanorl.ddp import gather_objects
 from nanorl.rows import take
+
+# what a row's advantage reads that its own sampling computed (the Rollout's column): replayed,
+# it needs a log of a row of the same advantage
+COLUMNS = {"first_wrong": "first_wrong, CLIFF's first wrong token",
+           "greedy": "baseline, ReMax's greedy answer's reward",
+           "vine": "values, VinePPO's branch values", "step": "states, GiGPO's turn states"}
 
 
 @dataclass
 class Flags:  # rl.py's flags of the rollout log
     log_rollouts: int = 2  # groups of a logged step's rollout to write (negative: all, 0: none)
-    log_every: int = 25  # log the rollout of every this many steps
+    log_every: int = 25  # log the rollout of every this many steps (1 for a short run)
     replay: str = ""  # a rollout log (an out_dir/rollouts) to train on instead of sampling
 
 
-def replay(cfg, algo, rollout_cls):
+def facts(cfg, run, world):
+    """What a replay must share with the logged run: under another group size or prompts per step
+    its rows would be regrouped, under another rank count split otherwise, and another task,
+    tokenizer or model shape reads them as something else."""
+    shape = {k: v for k, v in asdict(run.model.config).items()
+             if k not in ("dropout", "scalar_head")}  # PPO's value head reads the same rows
+    return {"group_size": cfg.group_size, "prompts_per_step": cfg.prompts_per_step, "ranks": world,
+            "task": run.task.settings(), "tokenizer": run.task.tok.to_dict(), "model": shape}
+
+
+def replay(cfg, algo, run, world, rank, rollout_cls):
     """--replay (set) -> the Replay that stands in for rl.py's sampler, or one line where it
     does not fit the run."""
     if algo.family != "pg" or cfg.staleness or cfg.async_rollouts:
@@ -49,7 +77,7 @@ def replay(cfg, algo, rollout_cls):
                         "on: it needs --staleness=0 and no --async_rollouts")
     if not os.path.isdir(cfg.replay):
         raise UserError(f"--replay: no folder {cfg.replay} (a run's out_dir/rollouts)")
-    return Replay(cfg.replay, rollout_cls)
+    return Replay(cfg.replay, facts(cfg, run, world), rank, rollout_cls)
 
 
 def path(folder, step, ext):
@@ -63,7 +91,7 @@ def atomic(target, write):
     os.replace(tmp, target)
 
 
-def records(tok, batch, adv, ref_lp, step, version, G):
+def records(task, batch, adv, ref_lp, step, version, G):
     """The logged rows of a Rollout -> one JSON-ready dict each (see the module's docstring)."""
     N, L = batch.mask.shape
     P = batch.ids.size(1) - L
@@ -73,15 +101,17 @@ def records(tok, batch, adv, ref_lp, step, version, G):
               "turn_reward": turn_rewards, "version": batch.version}  # version: async's only
     # each (N, L) field as lists once, not an .item() a token; ref None without a KL term
     lists = {k: v.tolist() for k, v in fields.items() if v is not None}
-    masks, out = batch.mask.tolist(), []
+    masks, out, tok = batch.mask.tolist(), [], task.tok
     for r, ids in enumerate(batch.ids.tolist()):
         resp = ids[P:P + int(batch.length[r])]
         tokens = [{"text": tok.decode([i]), "role": "policy" if masks[r][t] else "env",
                    "ref": None, **{k: v[r][t] for k, v in lists.items()}}
                   for t, i in enumerate(resp)]
+        prompt, response = tok.decode(ids[int(batch.offsets[r]):P]), tok.decode(resp)
         out.append({"step": step, "version": version, "group": r // G, "row": r,
-                    "prompt": tok.decode(ids[int(batch.offsets[r]):P]),
-                    "response": tok.decode(resp), "score": batch.score[r].item(),
+                    "prompt": prompt, "response": response, "reversed": task.reverse,
+                    "prompt_normal": format_prompt(prompt, task.reverse),
+                    "response_normal": task.normal_order(response), "score": batch.score[r].item(),
                     "reward": batch.reward[r].item(),
                     "turns": None if batch.turns is None else int(batch.turns[r]),
                     "truncated": not bool(batch.finished[r]), "tokens": tokens})
@@ -89,26 +119,41 @@ def records(tok, batch, adv, ref_lp, step, version, G):
 
 
 def write(cfg, run, batch, stats, adv, ref_lp):
-    """Step s's first --log_rollouts groups (negative: all) -> out_dir/rollouts/step_<s>.jsonl
-    and .pt."""
+    """The rollout step s trained on (None: it made no update) and the sampling stats of that
+    rollout, on every rank -> out_dir/rollouts/step_<s>.jsonl and .pt (rank 0 writes): the first
+    --log_rollouts groups (negative: all) over the ranks' rows in rank order."""
     step, G = run.state.step + 1, cfg.group_size
-    n = len(batch.ids) if cfg.log_rollouts < 0 else min(len(batch.ids), cfg.log_rollouts * G)
-    rows = torch.arange(n)
-    part = take(batch, rows)
+    N = 0 if batch is None else len(batch.ids)
+    n = N if cfg.log_rollouts < 0 else min(N, cfg.log_rollouts * G)  # this rank's rows to send
+    mine = {"rows": N, "stats": stats, "records": [], "batch": None}
+    if n:
+        part, version = take(batch, torch.arange(n)), max(0, step - 1 - cfg.staleness)
+        mine["records"] = records(run.task, part, adv[:n], None if ref_lp is None else
+                                  ref_lp[:n], step, version, G)
+        mine["batch"] = {k: v.cpu() for k, v in offpolicy.to_dict(part).items()}
+    ranks = gather_objects(mine)  # every rank's, in rank order
+    if dist.is_initialized() and dist.get_rank():
+        return
+    left = sum(r["rows"] for r in ranks) if cfg.log_rollouts < 0 else cfg.log_rollouts * G
+    recs, offset = [], 0  # offset: the rows of the ranks before
+    for rank, got in enumerate(ranks):
+        kept = got["records"][:left]
+        recs += [{**rec, "rank": rank, "row": rec["row"] + offset,
+                  "group": (rec["row"] + offset) // G} for rec in kept]
+        got["batch"] = got["batch"] and {k: v[:len(kept)] for k, v in got["batch"].items()}
+        left, offset = left - len(kept), offset + got["rows"]
     folder = os.path.join(cfg.out_dir, "rollouts")
     os.makedirs(folder, exist_ok=True)
-    version = max(0, step - 1 - cfg.staleness)  # the weights that sampled it
-    recs = records(run.task.tok, part, adv[rows], None if ref_lp is None else ref_lp[rows], step,
-                   version, G)
 
     def jsonl(tmp):
         with open(tmp, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in recs)
     atomic(path(folder, step, "jsonl"), jsonl)
-    whole = n == len(batch.ids)
-    atomic(path(folder, step, "pt"), lambda tmp: torch.save(
-        {"step": step, "whole": whole, "batch": offpolicy.to_dict(part), "stats": stats}, tmp))
-    if cfg.wandb:  # the same rows as a wandb Table (TRL's log_completions), where wandb runs
+    logged = {"step": step, "whole": len(recs) == offset, "loss": cfg.loss,
+              "facts": facts(cfg, run, len(ranks)),
+              "ranks": [{"batch": got["batch"], "stats": got["stats"]} for got in ranks]}
+    atomic(path(folder, step, "pt"), lambda tmp: torch.save(logged, tmp))
+    if cfg.wandb and recs:  # the same rows as a wandb Table (TRL's log_completions)
         wandb_table(recs, step)
 
 
@@ -129,18 +174,19 @@ def load(file):
     """A step's .pt -> its dict, or one line naming the file."""
     try:
         d = torch.load(file, weights_only=True)
-        assert isinstance(d, dict) and {"step", "whole", "batch", "stats"} <= set(d)
+        assert isinstance(d, dict) and {"step", "whole", "loss", "facts", "ranks"} <= set(d)
     except Exception as e:
         raise UserError(f"{file}: not a whole rollout log file ({type(e).__name__}); was its "
-                        "run killed while writing it? (a .tmp file is a partial one)") from None
+                        "run killed while writing it, or written before this version? (a .tmp "
+                        "file is a partial one)") from None
     return d
 
 
 class Replay:
-    """rl.py's sampler under --replay: step s's logged rollout and stats, from DIR."""
+    """rl.py's sampler under --replay: step s's logged rollout of this rank, and its stats."""
 
-    def __init__(self, folder, rollout_cls):
-        self.folder, self.rollout_cls = folder, rollout_cls
+    def __init__(self, folder, facts, rank, rollout_cls):
+        self.folder, self.facts, self.rank, self.rollout_cls = folder, facts, rank, rollout_cls
         steps = [int(f[5:11]) for f in os.listdir(folder) if f.startswith("step_") and
                  f.endswith(".pt")]
         if not steps:
@@ -151,16 +197,30 @@ class Replay:
     def __call__(self, cfg, algo, run, gen):
         step = run.state.step + 1
         file = path(self.folder, step, "pt")
+        if step > self.last:
+            raise UserError(f"--replay: {self.folder} ends at step {self.last}; set "
+                            f"--max_iters={self.last}")
         if not os.path.exists(file):
-            if step > self.last:
-                raise UserError(f"--replay: {self.folder} ends at step {self.last}; set "
-                                f"--max_iters={self.last}")
-            return None, {}  # the logged run made no update at this step
+            raise UserError(f"--replay: {self.folder} has no step {step}: replay needs the log "
+                            "of every step (--log_rollouts=-1 --log_every=1)")
         d = load(file)
         if d["step"] != step:
             raise UserError(f"{file}: holds step {d['step']}, not {step}")
         if not d["whole"]:
             raise UserError(f"{file}: holds some groups of the step, not all: replay needs "
                             "--log_rollouts=-1 --log_every=1")
-        dev = next(run.model.parameters()).device
-        return offpolicy.from_dict(d["batch"], dev, self.rollout_cls), d["stats"]
+        self.check(file, d, cfg, algo)
+        mine, dev = d["ranks"][self.rank], next(run.model.parameters()).device
+        return offpolicy.from_dict(mine["batch"], dev, self.rollout_cls), mine["stats"]
+
+    def check(self, file, d, cfg, algo):
+        """One line for the first fact the logged run does not share with this one, or a column
+        this row reads that the logged row's sampling did not compute."""
+        for key, want in self.facts.items():
+            if d["facts"][key] != want:
+                raise UserError(f"--replay: {file} was logged with {key} {d['facts'][key]!r}; "
+                                f"this run has {want!r}")
+        logged = losses.ALGOS[d["loss"]].advantage if d["loss"] in losses.ALGOS else None
+        if algo.advantage in COLUMNS and logged != algo.advantage:
+            raise UserError(f"--replay: {cfg.loss} reads {COLUMNS[algo.advantage]}, which its "
+                            f"own sampling computes; {file} is a {d['loss']} run's")

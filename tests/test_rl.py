@@ -153,7 +153,7 @@ def test_nan_stops_the_run_and_keeps_the_checkpoint(sft_ckpt, tmp_path, monkeypa
 
 
 def cli(*args):
-    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 def test_cli_errors(tmp_path):

@@ -24,29 +24,38 @@ def logged(out, step):
     return recs, torch.load(folder / f"step_{step:06d}.pt", weights_only=True)
 
 
-def test_the_log_holds_the_rollout_and_the_advantages_the_update_took(guess_ckpt, tmp_path, monkeypatch):  # noqa: F811
-    """The game (turn rewards, the environment's tokens), PPO (token advantages): every field of every
-    token equals the Rollout's tensors and prepare's advantages; tokens and roles rebuild the sequence."""
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_the_log_holds_the_rollout_and_the_advantages_the_update_took(guess_ckpt, tmp_path, monkeypatch, staleness):  # noqa: F811
+    """The game (turn rewards, the environment's tokens), PPO (token advantages), fresh and one step stale
+    (mu, the sampler's, is then not pi_old, the trainer's): every field of every token equals the Rollout's
+    tensors and prepare's advantages; tokens and roles rebuild the sequence; the stats are the sampling
+    stats of the rollout trained on, logged at the step that sampled it."""
     taken, real = [], rl.prepare
 
     def prepare(cfg, algo, run, batch):
         out = real(cfg, algo, run, batch)
-        taken.append((out[1].clone(), out[0]))  # (adv, ref_lp)
+        taken.append((run.state.step + 1, out[1].clone(), out[0]))  # (step, adv, ref_lp)
         return out
     monkeypatch.setattr(rl, "prepare", prepare)
-    rl.main(rl.Config(out_dir=str(tmp_path), sft_ckpt=guess_ckpt, loss="ppo", **{**GAME_RL, "max_iters": 2},
-                            **EVERY))
+    rl.main(rl.Config(out_dir=str(tmp_path), sft_ckpt=guess_ckpt, loss="ppo", **{**GAME_RL, "max_iters": 3},
+                      staleness=staleness, **EVERY))
     from nanorl.evaluate import load_policy
     _, task = load_policy(guess_ckpt, False, torch.device("cpu"), {"process_reward": True})
-    for step, (adv, ref_lp) in enumerate(taken, 1):
+    sampling = {r["step"]: r for r in rows(tmp_path / "metrics.jsonl") if "rl/n_groups" in r}
+    assert len(taken) == 3 - staleness
+    for step, adv, ref_lp in taken:
         recs, pt = logged(tmp_path, step)
-        b = pt["batch"]
+        b, stats = pt["ranks"][0]["batch"], pt["ranks"][0]["stats"]
+        assert "rl/n_groups" in stats and "rl/loss" not in stats  # sampling's only, not the update's
+        assert {k: v for k, v in stats.items() if not k.startswith("perf/")} == \
+            {k: v for k, v in sampling[step - staleness].items() if k.startswith("rl/") and k in stats}
         N, L = b["mask"].shape
         P = b["ids"].size(1) - L
         assert pt["whole"] and len(recs) == N and [r["row"] for r in recs] == list(range(N))
+        assert (b["mu"] != b["old_logp"]).any() == bool(staleness)
         for r, rec in enumerate(recs):
             n = int(b["length"][r])
-            assert rec["group"] == r // 4 and rec["step"] == step and rec["version"] == step - 1
+            assert rec["group"] == r // 4 and rec["step"] == step and rec["version"] == step - 1 - staleness
             assert rec["score"] == b["score"][r].item() and rec["reward"] == b["reward"][r].item()
             assert rec["turns"] == int(b["turns"][r]) and rec["truncated"] == (not bool(b["finished"][r]))
             ids = b["ids"][r].tolist()
@@ -67,28 +76,31 @@ def test_by_default_two_groups_every_log_every_steps(sft_ckpt, tmp_path, varied_
     assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == \
         ["step_000002.jsonl", "step_000002.pt", "step_000004.jsonl", "step_000004.pt"]
     recs, pt = logged(tmp_path, 4)
-    assert len(recs) == 2 * 4 and not pt["whole"] and len(pt["batch"]["ids"]) == 8  # of 4 groups of 4
+    assert len(recs) == 2 * 4 and not pt["whole"] and len(pt["ranks"][0]["batch"]["ids"]) == 8  # of 4 groups of 4
 
 
-@pytest.mark.parametrize("loss", ["grpo", "ppo", "game"])
+@pytest.mark.parametrize("loss", ["grpo", "ppo", "game", "stale"])
 def test_replay_gives_the_logged_runs_weights(loss, request, tmp_path, monkeypatch):
     """20 steps logged whole, then trained again from the log without sampling: the same weights and
-    metrics (a step whose groups were all dropped has no file and no update in either)."""
+    metrics (a step whose groups were all dropped is logged without rows, and has no update in either).
+    stale: a run one step stale, whose first step trains on nothing (its log without rows); replayed
+    fresh, each step trains on what the stale run did, pi_old the trainer's as it recomputed it."""
     if loss == "game":
         cfg = dict(GAME_RL, sft_ckpt=request.getfixturevalue("guess_ckpt"), loss="grpo")
     else:
         request.getfixturevalue("varied_reward")
-        cfg = dict(TINY_RL, sft_ckpt=request.getfixturevalue("sft_ckpt"), loss=loss)
-    cfg = dict(cfg, max_iters=20, eval_interval=10, eval_samples=0)
-    first = rl.main(rl.Config(out_dir=str(tmp_path / "run"), **cfg, **EVERY))["model"].state_dict()
-    steps = len(list((tmp_path / "run" / "rollouts").glob("*.pt")))
-    assert 5 <= steps <= 20
+        cfg = dict(TINY_RL, sft_ckpt=request.getfixturevalue("sft_ckpt"), loss=loss.replace("stale", "grpo"))
+    cfg, logged = dict(cfg, max_iters=20, eval_interval=10, eval_samples=0), dict(staleness=int(loss == "stale"))
+    first = rl.main(rl.Config(out_dir=str(tmp_path / "run"), **cfg, **logged, **EVERY))["model"].state_dict()
+    files = sorted((tmp_path / "run" / "rollouts").glob("*.pt"))
+    updated = [torch.load(f, weights_only=True)["ranks"][0]["batch"] is not None for f in files]
+    assert len(files) == 20 and 5 <= sum(updated) <= 20 and (not updated[0] or loss != "stale")
     monkeypatch.setattr(rl, "generate", None)  # replay samples nothing
     again = rl.main(rl.Config(out_dir=str(tmp_path / "replay"), replay=str(tmp_path / "run" / "rollouts"),
                               **cfg))["model"].state_dict()
     assert all(torch.equal(first[n], again[n]) for n in first)
     train = [[r for r in rows(tmp_path / name / "metrics.jsonl") if "rl/loss" in r] for name in ("run", "replay")]
-    assert train[0] == train[1] and len(train[0]) == steps
+    assert len(train[0]) == len(train[1]) == sum(updated) and (train[0] == train[1] or loss == "stale")
 
 
 def test_replay_misuse_and_damaged_files_are_one_line(sft_ckpt, tmp_path, varied_reward):  # noqa: F811
@@ -170,3 +182,49 @@ def test_the_page_embeds_the_log_verbatim_and_marks_surprises_by_the_terminals_r
     logged = json.loads(line[len("const LOG = "):-1])
     assert logged == {"1": [{**rec, "tokens": [{**t, "surprise": s} for t, s in zip(toks, (True, True, False))]}]}
     assert "</script>" not in line and "<title>nanorl rollouts: a run&#x27;s TITLE</title>" in html
+
+
+def test_replay_refuses_a_log_that_does_not_fit_in_one_line(sft_ckpt, guess_ckpt, tmp_path, varied_reward):  # noqa: F811
+    """Another group size (the rows regrouped), prompts per step, task, tokenizer, rank count or model
+    shape, a log not of every step, and a row that reads a column its own sampling computes (CLIFF, ReMax,
+    VinePPO, GiGPO on a GRPO log): one line each, naming it."""
+    cfg = dict(TINY_RL, sft_ckpt=sft_ckpt, max_iters=2, eval_interval=100, eval_samples=0, dynamic_sampling=False)
+    rl.main(rl.Config(out_dir=str(tmp_path / "run"), **cfg, **EVERY))
+    logs = tmp_path / "run" / "rollouts"
+
+    def replay(why, **kw):
+        with pytest.raises(UserError, match=why):
+            rl.main(rl.Config(**{**cfg, "out_dir": str(tmp_path / "again"), "replay": str(logs), **kw}))
+    replay(r"step_000001.pt was logged with group_size 4; this run has 2", group_size=2)
+    replay(r"was logged with prompts_per_step 4; this run has 8", prompts_per_step=8)
+    replay(r"was logged with task \{'task': 'mul'.*; this run has \{'task': 'env:guess'", sft_ckpt=guess_ckpt)
+    first = torch.load(logs / "step_000001.pt", weights_only=True)
+    for key, other in (("tokenizer", {"kind": "char", "chars": "0123"}), ("ranks", 2),
+                       ("model", {**first["facts"]["model"], "n_embd": 64})):
+        torch.save({**first, "facts": {**first["facts"], key: other}}, logs / "step_000001.pt")
+        replay(f"was logged with {key} {other!r}".replace("{", r"\{").replace("}", r"\}"))
+    torch.save(first, logs / "step_000001.pt")
+    for loss, column in (("cliff", "first_wrong"), ("remax", "baseline"), ("vineppo", "values"), ("gigpo", "states")):
+        replay(f"--replay: {loss} reads {column}, .* which its own sampling computes; .* is a grpo run's", loss=loss)
+    rl.main(rl.Config(out_dir=str(tmp_path / "every2"), **{**cfg, "max_iters": 4}, log_rollouts=-1, log_every=2))
+    replay("has no step 1: replay needs the log of every step", replay=str(tmp_path / "every2" / "rollouts"))
+
+
+def test_torchrun_logs_every_ranks_rows_and_replays_each_rank_its_own(sft_ckpt, tmp_path):  # noqa: F811
+    """2 ranks, 8 prompts x 4 samples, no dynamic sampling: step 1's log holds all 32 rows, rank 0's then rank 1's,
+    numbered over the ranks; a replay on 2 ranks trains each on its own rows, to the logged run's weights."""
+    from test_ddp import torchrun2
+    args = ["--loss=grpo", "--prompts_per_step=8", "--group_size=4", "--dynamic_sampling=false", "--max_iters=2",
+            "--eval_samples=0", "--eval_interval=100", "--threads=1", f"--sft_ckpt={sft_ckpt}"]
+    torchrun2([*args, f"--out_dir={tmp_path / 'run'}", "--log_rollouts=-1", "--log_every=1"], tmp_path / "run")
+    recs, pt = logged(tmp_path / "run", 1)
+    assert len(recs) == 32 and [r["row"] for r in recs] == list(range(32)) and pt["whole"]
+    assert [r["rank"] for r in recs] == [0] * 16 + [1] * 16 and [r["group"] for r in recs] == [r // 4 for r in range(32)]
+    assert [len(rank["batch"]["ids"]) for rank in pt["ranks"]] == [16, 16]
+    assert not torch.equal(pt["ranks"][0]["batch"]["ids"], pt["ranks"][1]["batch"]["ids"])
+    torchrun2([*args, f"--out_dir={tmp_path / 'replay'}", f"--replay={tmp_path / 'run' / 'rollouts'}"],
+              tmp_path / "replay")
+    first, again = (torch.load(tmp_path / name / "ckpt.pt", weights_only=True)["model"] for name in ("run", "replay"))
+    assert all(torch.equal(first[n], again[n]) for n in first)
+    start = torch.load(sft_ckpt, weights_only=True)["model"]
+    assert any(not torch.equal(first[n], start[n]) for n in start)  # it trained

@@ -2,6 +2,7 @@
 on a 3-turn episode, the environment replayed to each turn's state, VinePPO's branches from each turn's
 own prefix, GiGPO's step groups keyed on the state, and the rows end to end on the game."""
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 import torch
@@ -198,19 +199,23 @@ def test_each_prefix_gets_k_continuations_from_its_replayed_state(monkeypatch):
     torch.testing.assert_close(b.values[:, 0], ((R.sum(1, keepdim=True) - R) / 3).flatten())
 
 
-def test_gigpo_keys_each_turn_on_the_state_it_starts_from():
+@pytest.mark.parametrize("dynamic_sampling", [True, False])
+def test_gigpo_keys_each_turn_on_the_state_it_starts_from(dynamic_sampling):
     """Two turns of one group get one id exactly when their games reach the same interval at the
-    same turn; other groups never share an id with them."""
+    same turn; other groups never share an id with them. Without dynamic sampling a flat group stays
+    in the batch, and its rows keep their own problem (configs/rl_guess_gigpo.py's setting)."""
     model = tiny_model(seed=3)
     hook = biased(model, "0123456789|")
+    flat = torch.tensor([not dynamic_sampling, False, False])  # (groups,) kept: none is dropped
     try:
-        b, run, cfg, gen = game_batch(model, [3, 3, 77], G=4)
-        b = turns.credit(cfg, L.ALGOS["gigpo"], run, b, [0, 1, 2], torch.zeros(3, dtype=torch.bool), gen)
+        b, run, cfg, gen = game_batch(model, [3, 40, 77], G=4)
+        cfg = replace(cfg, dynamic_sampling=dynamic_sampling)
+        b = turns.credit(cfg, L.ALGOS["gigpo"], run, b, [0, 1, 2], flat, gen)
     finally:
         hook.remove()
     seen = {}  # id -> (group, state)
     for r, (row, act) in enumerate(zip(rl.rows.responses(b), b.mask.tolist())):
-        for start, state in episodes([[3, 3, 77][r // 4]]).retake(0, row, act):
+        for start, state in episodes([[3, 40, 77][r // 4]]).retake(0, row, act):
             key = (r // 4, state)
             assert seen.setdefault(int(b.states[r, start]), key) == key
     assert len(set(seen.values())) == len(seen) > 3
@@ -232,9 +237,10 @@ def test_what_the_turns_credit_cannot_read_is_refused_in_one_line():
             turns.check(rl.Config(loss="vineppo", **kw), L.ALGOS["vineppo"], game)
 
 
-@pytest.mark.parametrize("loss", ["vineppo", "gigpo"])
-def test_the_rows_play_the_game_end_to_end(guess_ckpt, tmp_path, loss):  # noqa: F811
+@pytest.mark.parametrize("loss, dynamic_sampling", [("vineppo", True), ("gigpo", True), ("vineppo", False),
+                                                    ("gigpo", False)])
+def test_the_rows_play_the_game_end_to_end(guess_ckpt, tmp_path, loss, dynamic_sampling):  # noqa: F811
     cfg = rl.Config(**dict(TINY_RL, sft_ckpt=guess_ckpt, loss=loss, out_dir=str(tmp_path), beta=0.0,
-                           log_rollouts=0))
+                           log_rollouts=0, dynamic_sampling=dynamic_sampling))
     out = rl.main(cfg)
     assert out["metrics"]["eval/accuracy"] >= 0 and (tmp_path / "ckpt.pt").exists()
