@@ -105,6 +105,12 @@ SAMPLE_ANSWER = (E + "sample_plays_the_game_of_a_given_secret", DOC + "every_com
 SELECTION = (R + "prompt_selection_skips_the_groups_dynamic_sampling_found_flat",)
 CONTRACT = (E + "an_environment_that_breaks_the_contract_stops_the_load_in_one_line",)
 DYNAMIC = (R + "dynamic_sampling_is_decided_once_in_check",)
+VW, VB = "nanorl/view.py", "tests/test_view_browser.py::test_"
+HOSTILE_PAGE = (VB + "hostile_prompts_reach_the_page_as_text_and_every_group_is_drawn",)
+STOP = (A + "a_stop_signal_to_the_group_saves_the_step_and_exits_0",)
+FITS = (LG + "replay_refuses_a_log_that_does_not_fit_in_one_line",)
+RANKS_LOG = (LG + "torchrun_logs_every_ranks_rows_and_replays_each_rank_its_own",)
+OWN_STATS = (A + "an_async_runs_log_holds_each_rollouts_own_sampling_stats",)
 MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     # reductions, log-probs, entropy
     (LP, "x = torch.where(mask.bool(), x, 0.0)", "x = x * mask",
@@ -411,8 +417,8 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "if cfg.staleness or cfg.sampler_bf16:", "prepare: a bf16 run's pi_old not recomputed",
      ("tests/test_offpolicy.py::test_a_bf16_run_trains_from_the_trainers_pi_old",)),
     # off-policy, distillation
-    (RL, "batch = run.queue.popleft()",
-     "batch = run.queue.pop()",
+    (RL, "batch, sampled = run.queue.popleft() if full",
+     "batch, sampled = run.queue.pop() if full",
      "train_step: trains on this step's rollout, not k steps earlier", OFF),
     (OP, "batch.mask, cfg.temperature,\n                         max_rows=cfg.micro_batch_size)[0]",
      "batch.mask, 1.0,\n                         max_rows=cfg.micro_batch_size)[0]",
@@ -699,8 +705,8 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     (LOG, '"ref": None, **{k: v[r][t] for k, v in lists.items()}}',
      '"ref": None, **{k: v[r][max(t - 1, 0)] if k == "adv" else v[r][t] for k, v in lists.items()}}',
      "records: each token shows the advantage of the token before", LOG_FIELDS),
-    (RL, "train_step = partial(pg_step, sample=rollout_log.replay(cfg, algo, Rollout))",
-     "train_step = partial(pg_step, sample=sample if rollout_log.replay(cfg, algo, Rollout) else None)",
+    (RL, "train_step = partial(pg_step, sample=replay)",
+     "train_step = partial(pg_step, sample=sample or replay)",
      "main: --replay samples afresh instead of reading the log", LOG_REPLAY),
     # issue 46: credit per turn
     (TU, "full = {key: prompts[key[0]] + list(key[1]) for key in wanted}",
@@ -722,6 +728,87 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "step_advantages: each turn grouped by the next turn's state", STEP),
     (LP, "a = r[:, :-1] + v[:, 1:] - v[:, :-1]", "a = r[:, :-1] + v[:, :-1] - v[:, :-1]",
      "vine_advantages: V(s_k) in place of V(s_k+1)", (TT + "vine_advantage_of_a_three_turn_episode_by_hand",)),
+    # issue 51: data
+    (PF, "picked = (score.flatten() == 1).nonzero().flatten().tolist()",
+     "picked = score.flatten().nonzero().flatten().tolist()",
+     "rollout_rows: rft keeps partial credit (a 0.5) as verified-correct",
+     ("tests/test_pref.py::test_rft_keeps_only_the_samples_that_score_1",)),
+    ("sft.py", "cfg = replace(cfg, reverse=cfg.task in TASKS)", "cfg = replace(cfg, reverse=True)",
+     "main: --reverse defaults to true for every task (a folder's answers trained reversed)",
+     ("tests/test_sft.py::test_reverse_defaults_to_the_tasks_and_the_checkpoint_stores_it",)),
+    # issue 51: the viewer
+    (VW, "el.textContent = JSON.stringify(t.text)", "el.innerHTML = JSON.stringify(t.text)",
+     "view: the hover tip built with innerHTML (a token's <img onerror> runs)",
+     (VB + "a_hovered_token_of_markup_shows_as_text_and_runs_nothing",)),
+    (VW, "data = json.dumps(logs).translate(SCRIPT_SAFE)", 'data = json.dumps(logs).replace("</", "<\\\\/")',
+     "view: the page's data escapes only </ (a prompt <!--<script> stops its script)", HOSTILE_PAGE),
+    (VW, "by = table();", "by = {};",
+     "view: moves() keys prompts in a plain object (a prompt __proto__ pollutes the page)", HOSTILE_PAGE),
+    (VW, 'return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)',
+     'return text.replace("\\n", "\\\\n")', "view: shown() escapes only newlines (ESC, BEL reach the terminal)",
+     (VB + "the_terminal_shows_control_characters_as_escapes", VB + "hostile_prompts_reach_the_terminal_as_text")),
+    (VW, 'gap = abs(tok["old"] - tok["mu"])', 'gap = tok["old"] - tok["mu"]',
+     "view: surprising() reads pi_old / mu beyond e one way only",
+     (VB + "a_token_is_surprising_where_mu_is_below_5_percent_or_pi_old_over_mu_beyond_e",)),
+    (VW, "line += shown(f\" ({r['response_normal']!r})\")", "line += shown(f\" ({r['response']!r})\")",
+     "view: a reversed response in brackets in the model's order, not a person's",
+     (VB + "the_terminal_gives_the_normal_digit_order_of_a_reversed_task",)),
+    (VW, "except BrokenPipeError:", "except ConnectionResetError:",
+     "view: `| head` ends in a BrokenPipeError traceback (the handler catches another error)",
+     (VB + "a_reader_that_has_gone_ends_the_viewer_quietly",)),
+    # issue 51: async's edges, the rollout log and replay (the six planted defects the suite let
+    # survive first)
+    (AS, "        self.log.clear()\n", "",
+     "InFlight: the per-forward version record never cleared (it grows with the run)", ASYNC_INFLIGHT),
+    (AS, "            self.source.poll()\n        orphaned(self.source.parent)",
+     "            self.source.poll()",
+     "InFlight: no orphan check before a forward (a sampler outlives its trainer a rollout)",
+     (A + "an_orphaned_sampler_exits_before_its_next_forward",)),
+    (AS, "for sig in (signal.SIGINT, signal.SIGTERM):", "for sig in (signal.SIGTERM,):",
+     "serve: the sampler no longer ignores SIGINT (Ctrl-C kills it mid-rollout)", STOP),
+    (LOG, '"mu": batch.mu, "old": batch.old_logp', '"mu": batch.old_logp, "old": batch.old_logp',
+     "records: pi_old written into the log's mu field", LOG_FIELDS),
+    # (the hover tip built with innerHTML: the viewer's block above)
+    (TU, "if not (f and cfg.dynamic_sampling)]", "if not f]",
+     "credit: flat groups' problems dropped with --dynamic_sampling=false (rows get others')",
+     (TT + "gigpo_keys_each_turn_on_the_state_it_starts_from",)),
+    # issue 51: the rest
+    (AS, "for sig in (signal.SIGINT, signal.SIGTERM):", "for sig in (signal.SIGINT,):",
+     "serve: the sampler dies of SIGTERM (timeout, kill -TERM -PGID): the run is lost", STOP),
+    (AS, "    except OSError:  # \"got end of file during message\"\n        raise EOFError from None\n",
+     "    except EOFError:\n        raise\n",
+     "recv: a message cut short by a dead sender is an OSError's traceback, not the end",
+     (A + "a_message_cut_short_by_a_dead_sender_reads_as_its_end",)),
+    (AS, "    buf = io.BytesIO()\n    torch.save(obj, buf)\n    conn.send_bytes(buf.getbuffer())",
+     "    conn.send(obj)",
+     "send: tensors through torch.multiprocessing (a reader killed mid-fetch: a traceback)",
+     (A + "a_sampler_killed_while_it_reads_a_version_costs_the_trainer_no_traceback",)),
+    (AS, "self.receive(run.state.step, \"its start\")  #", "#",
+     "Pipeline: the sampler's start-up timed as its first rollout's (--async_timeout)",
+     (A + "a_hung_sampler_stops_the_trainer_within_the_timeout_and_is_killed",)),
+    (RL, "run.queue.append((batch, stats))", "run.queue.append((batch, {}))",
+     "pg_step: a queued rollout loses its sampling stats (the log's are empty)", OWN_STATS),
+    (RL, "stats = {**stats, **prepared, **update(cfg, algo, run, batch, adv, inputs, ref_lp, lr, gen)}",
+     "stats.update(prepared, **update(cfg, algo, run, batch, adv, inputs, ref_lp, lr, gen))",
+     "pg_step: the update's stats written into the queued rollout's sampling stats",
+     (LG + "the_log_holds_the_rollout_and_the_advantages_the_update_took",)),
+    (LOG, "ranks = gather_objects(mine)  # every rank's, in rank order",
+     "ranks = [mine]  # every rank's, in rank order",
+     "write: under torchrun each rank writes its own rows over the others'", RANKS_LOG),
+    (LOG, '"group": (rec["row"] + offset) // G} for rec in kept]', '"group": rec["group"]} for rec in kept]',
+     "write: groups numbered within each rank (two ranks' groups share a number)", RANKS_LOG),
+    (LOG, "mine, dev = d[\"ranks\"][self.rank], next(", "mine, dev = d[\"ranks\"][0], next(",
+     "Replay: every rank trains on rank 0's rows", RANKS_LOG),
+    (LOG, "            if d[\"facts\"][key] != want:", "            if key == \"ranks\" and d[\"facts\"][key] != want:",
+     "Replay: a log of another group size, task, tokenizer or model trains without a word", FITS),
+    (LOG, "if algo.advantage in COLUMNS and logged != algo.advantage:", "if False:",
+     "Replay: vineppo, gigpo, cliff, remax on a log without their columns (a traceback)", FITS),
+    (LOG, "        if not os.path.exists(file):\n            raise",
+     "        if not os.path.exists(file):\n            return None, {}\n            raise",
+     "Replay: a missing step reads as no update (a log of every 2 steps makes half the updates)", FITS),
+    (RL, "if cfg.log_rollouts < 0 and cfg.log_every == 1:  # a replayable log holds it too",
+     "if False:  # a replayable log holds it too",
+     "pg_step: a step without an update leaves no file (its replay is refused as missing)", LOG_REPLAY),
 ]
 
 
@@ -772,6 +859,14 @@ def check(mutants):
 
 
 def main(argv):
+    usage = __doc__.split("\n\n")[1]  # the three commands at the top
+    if "-h" in argv or "--help" in argv:
+        print(__doc__.splitlines()[0] + "\n\nusage:\n" + usage)
+        return 0
+    unknown = [a for a in argv if a.startswith("-") and a != "--check"]
+    if unknown:
+        print(f"unknown option {unknown[0]}; usage:\n{usage}")
+        return 2
     sources = check(MUTANTS)
     if "--check" in argv:
         print(f"all {len(MUTANTS)} mutants apply")
