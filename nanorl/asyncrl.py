@@ -24,6 +24,10 @@ its KV cache, so a row's later tokens carry a newer version (Rollout.version, ea
 and mu is what the sampler computed: the new weights over keys and values the old ones wrote
 (docs/guides.md#async-rl). pi_old is the trainer's (offpolicy.recompute), so --rollout_is and
 --decoupled weigh each token by its own mu. A resume re-samples the rollout in flight.
+
+Both pipes carry torch.save's bytes, so either process may die mid-message and the other reads
+its end. The sampler says when it is set up (--async_timeout then times each rollout, not its
+start), and ignores SIGINT and SIGTERM: the trainer finishes its step, saves and stops it.
 """
 import contextlib
 import io
@@ -110,8 +114,8 @@ class Pipeline:
         self.weights.put((version, state))
 
     def receive(self, s, at=""):
-        """Rollout s from the sampler (s = the step before the first: its word that it is set
-        up) -> its message; one line if it died, failed or hung."""
+        """Rollout s from the sampler -> its message (at its start, s is the step before its
+        first rollout: the word that it is set up); one line if it died, failed or hung."""
         t, at = time.time(), at or f"rollout {s}"
         while not self.rollouts.poll(1.0):
             if time.time() - t > self.timeout and self.proc.is_alive():

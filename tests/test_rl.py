@@ -435,7 +435,7 @@ def test_the_same_response_under_two_prompts_gets_each_prompts_grade(monkeypatch
 
 
 def test_checkpoint_settings_have_one_source_of_truth(sft_ckpt, tmp_path):
-    """A checkpoint whose config lacks 'reverse' (sft.py's default True) used to be read as False by
+    """A checkpoint whose config lacks 'reverse' (then sft.py's default True) used to be read as False by
     rl.py, reward_model.py and sample.py, and an RM without 'lik_coef' (default 1.0) as 0.0: now each
     reader fails naming the key."""
     import reward_model
