@@ -272,10 +272,13 @@ class Clock:
                              for s in (signal.SIGINT, signal.SIGTERM)}
 
     def handle(self, signum, frame):
-        """SIGINT / SIGTERM: finish the step, save, exit 0; a second one stops at once."""
+        """SIGINT / SIGTERM: finish the step, save, exit 0; another a second or more later stops
+        at once. One stop sent twice is one (`timeout` signals the run, then its group)."""
         if self.signal is not None:
-            raise KeyboardInterrupt
-        self.signal = signal.Signals(signum).name
+            if time.time() - self.signal_t >= 1.0:
+                raise KeyboardInterrupt
+            return
+        self.signal, self.signal_t = signal.Signals(signum).name, time.time()
         print(f"\n{self.signal}: saving and exiting after this step (again: stop now)", flush=True)
 
     def tick(self, val=False):

@@ -429,9 +429,8 @@ def test_a_stop_signal_to_the_group_saves_the_step_and_exits_0(guess_ckpt, tmp_p
     step = torch.load(tmp_path / "ckpt.pt", weights_only=True)["step"]
     assert f"saved {tmp_path}/ckpt.pt at step {step}" in out and step == logged(tmp_path) >= 3
     if sig == signal.SIGINT:
-        r = subprocess.run(command(guess_ckpt, tmp_path, *SAMPLER_LONGER, "--resume=true", f"--max_iters={step + 2}"),
-                           cwd=ROOT,
-                           capture_output=True, text=True, timeout=WAIT_S)
+        resumed = command(guess_ckpt, tmp_path, *SAMPLER_LONGER, "--resume=true", f"--max_iters={step + 2}")
+        r = subprocess.run(resumed, cwd=ROOT, capture_output=True, text=True, timeout=WAIT_S)
         assert r.returncode == 0 and f"step {step + 2:5d}/{step + 2}" in r.stdout, r.stderr[-2000:]
 
 

@@ -119,6 +119,21 @@ def test_sigint_finishes_the_step_saves_and_exits_zero(tmp_path):
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["step"] == max(logged_steps(tmp_path / "metrics.jsonl"))
 
 
+def test_one_stop_sent_twice_is_one_and_another_a_second_later_stops_at_once(tmp_path):
+    """`timeout` signals the run, then its group: the run gets SIGTERM twice within microseconds, which
+    a loaded machine may deliver apart. That is one stop (finish the step, save, exit 0); a second stop
+    a second or more later (Ctrl-C again) stops at once."""
+    cfg = supervised.TrainConfig(out_dir=str(tmp_path))
+    with supervised.Clock(cfg, supervised.State(), rank=0) as clock:
+        clock.handle(signal.SIGTERM, None)
+        clock.handle(signal.SIGTERM, None)  # the copy: no KeyboardInterrupt
+        assert clock.signal == "SIGTERM"
+        clock.signal_t -= 1.0
+        with pytest.raises(KeyboardInterrupt):
+            clock.handle(signal.SIGINT, None)
+    # the run under `timeout` itself: tests/test_async.py::test_a_stop_signal_to_the_group_saves_the_step_and_exits_0
+
+
 # ----------------------------------------------------------------------------- exact resume
 
 def test_sft_resume_is_exact(tmp_path, monkeypatch):
