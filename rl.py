@@ -105,7 +105,7 @@ class Run:  # what setup builds once and every step reads
     hp: dict  # the row's hyperparameters (adaptive KL moves beta)
     rm: Optional[RewardModel] = None
     teacher: Optional[torch.nn.Module] = None
-    queue: deque = field(default_factory=deque)  # (rollout, its sampling stats) to train on
+    queue: deque = field(default_factory=deque)  # (rollout, sampling stats) to train on
     state: loop.State = field(default_factory=loop.State)  # a resume restores it
 
 # -------------------- rollouts, rewards
@@ -269,17 +269,19 @@ def pg_step(cfg, algo, run, lr, gen, sample=sample):
     async pipeline's stands in for this process's sampler (nanorl/asyncrl.py)."""
     batch, stats = sample(cfg, algo, run, gen)
     if cfg.staleness:  # the off-policy lab: train on the rollout of staleness steps ago
-        run.queue.append((batch, stats))  # with its sampling stats, the rollout log's
+        run.queue.append((batch, dict(stats)))  # its sampling stats (a copy: stats grows)
         full = len(run.queue) > cfg.staleness  # else the queue is filling: no update
         batch, sampled = run.queue.popleft() if full else (None, {})
     if all_reduce(float(batch is None), "max").item():  # on any rank: no update
         if cfg.log_rollouts < 0 and cfg.log_every == 1:  # a replayable log holds it too
-            rollout_log.write(cfg, run, None, sampled if cfg.staleness else stats, None, None)
+            rollout_log.write(cfg, run, None, sampled if cfg.staleness else stats,
+                              None, None)
         return mean_over_ranks(stats)
     ref_lp, adv, inputs, prepared = prepare(cfg, algo, run, batch)
-    if cfg.log_rollouts and (run.state.step + 1) % cfg.log_every == 0:  # nanorl/rollout_log.py
-        rollout_log.write(cfg, run, batch, sampled if cfg.staleness else stats, adv, ref_lp)
-    stats = {**stats, **prepared, **update(cfg, algo, run, batch, adv, inputs, ref_lp, lr, gen)}
+    if cfg.log_rollouts and (run.state.step + 1) % cfg.log_every == 0:
+        rollout_log.write(cfg, run, batch, sampled if cfg.staleness else stats, adv,
+                          ref_lp)  # nanorl/rollout_log.py
+    stats.update(prepared, **update(cfg, algo, run, batch, adv, inputs, ref_lp, lr, gen))
     stats = mean_over_ranks({**stats, **rollout_metrics(
         batch, ref_lp, inputs.get("value_targets"), run.hp.get("beta"))})
     if run.hp.get("kl_target"):  # PPO's adaptive KL controller, on every rank's rows

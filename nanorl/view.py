@@ -202,6 +202,11 @@ def page(logs, title):
     return head + data + tail
 
 
+def step_of(file):
+    """out_dir/rollouts/step_000025.jsonl -> 25."""
+    return int(os.path.basename(file)[5:11])
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("out_dir", help="a run's out_dir (or its rollouts/ folder)")
@@ -222,13 +227,13 @@ def main(argv=None):
               "logs each)")
     if a.html:
         with open(a.html, "w") as f:
-            f.write(page({int(os.path.basename(f)[5:11]): read(f) for f in files}, a.out_dir))
+            f.write(page({step_of(f): read(f) for f in files}, a.out_dir))
         print(f"wrote {a.html}: {len(files)} steps")
         return
     for f in files:
         records = read(f)
         if not records:  # a log of every step holds the steps without an update too
-            print(f"step {int(os.path.basename(f)[5:11])}: no update, no rows")
+            print(f"step {step_of(f)}: no update, no rows")
         show(records, color=not a.no_color and sys.stdout.isatty())
 
 

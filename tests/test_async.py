@@ -292,19 +292,16 @@ def sampler_of(proc):
     return descendant(proc, "spawn_main")
 
 
-def alive(pid):
-    try:
-        return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def state(pid):
     """R running, S sleeping (waiting), ... (/proc/pid/stat), or '' when gone."""
     try:
         return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
     except OSError:
         return ""
+
+
+def alive(pid):
+    return state(pid) not in ("", "Z")  # Z: exited, not yet reaped
 
 
 def ignored(pid):
