@@ -258,36 +258,3 @@ def evaluate_policy(model, ref, task, cfg, gen):
                            temperature=cfg.temperature, ref=ref, **kw)
     val = evaluate(model, task, "val", cfg.max_new_tokens, prefix="val", **kw)[0]
     return {**m, **val}, examples
-
-
-def explained_variance(values, targets, mask):
-    """1 - Var(targets - values) / Var(targets) over the masked tokens: 1 = exact."""
-    unexplained = losses.masked_var(targets - values, mask)
-    return 1 - unexplained / losses.masked_var(targets, mask).clamp_min(1e-8)
-
-
-def rollout_metrics(batch, ref_lp=None, value_targets=None, beta=None):
-    """A rollout's rl/ diagnostics: reward, accuracy, lengths (the policy's tokens), episodes;
-    the KL to the reference when it ran; PPO's value fit (its targets given); the RM's score."""
-    m, old = batch.mask, batch.old_logp  # (N, L) each
-    out = {"rl/reward_mean": batch.reward.mean().item(),
-           "rl/accuracy": (batch.score == 1).float().mean().item(),
-           "rl/resp_len": m.sum(1).float().mean().item(),
-           "rl/empty_frac": (batch.length <= 1).float().mean().item(),
-           "rl/truncated_frac": 1 - batch.finished.float().mean().item()}
-    if ref_lp is not None:
-        out["rl/kl"] = losses.masked_mean(losses.kl_estimate(old, ref_lp, "k3"), m).item()
-    if value_targets is not None:  # PPO's value fit
-        k1 = 0.0 if ref_lp is None else losses.masked_sum(old - ref_lp, m, 1).mean().item()
-        ev = explained_variance(batch.values, value_targets, m).item()
-        out.update({"rl/explained_variance": ev, "rl/beta": beta, "rl/kl_k1_seq": k1,
-                    "rl/values_mean": losses.masked_mean(batch.values, m).item(),
-                    "rl/value_target_mean": losses.masked_mean(value_targets, m).item()})
-    if batch.turns is not None:  # an environment's episodes; their return: no overlong shaping
-        invalid = batch.invalid.sum() / batch.turns.sum().clamp_min(1)
-        out.update({"rl/turns": batch.turns.mean().item(), "rl/invalid_frac": invalid.item(),
-                    "rl/env_token_frac": 1 - (m.sum() / batch.length.sum()).item(),
-                    "rl/episode_return": batch.episode_return().mean().item()})
-    if batch.rm_reward is not None:
-        out["rl/rm_reward"] = batch.rm_reward.mean().item()
-    return out

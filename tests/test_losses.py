@@ -9,7 +9,7 @@ from losses import (ALGOS, DEFAULTS, LOSSES, adaptive_beta, clip_objective,
                     kl_in_reward, masked_mean, masked_sum, prefix_prob, resolve_hparams,
                     token_entropy, whiten)
 from model import token_logps
-from nanorl.evaluate import explained_variance
+from rl import explained_variance
 from nanorl.pref import log1mexp, nll_loss
 from nanorl.rm import bt_loss
 from nanorl.cliff import cliff_advantages

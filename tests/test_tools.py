@@ -19,7 +19,8 @@ from envs.calculator import CHARS, MAX_CALLS, MAX_DIGITS, calculator, demo
 from model import GPT, GPTConfig, generate, logprobs
 from nanorl import pref
 from nanorl.episodes import Episodes, replay
-from nanorl.evaluate import Task, env_metrics, rollout_metrics
+from nanorl.evaluate import Task, env_metrics
+from rl import rollout_metrics
 from tests.test_rl import make_run
 from tokenizer import CharTokenizer
 from verify import VERIFIERS
