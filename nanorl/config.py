@@ -128,8 +128,9 @@ def source_comments(cls):
     return out
 
 
-def print_config(cfg):
-    print("config: " + " ".join(f"{k}={v}" for k, v in asdict(cfg).items()), flush=True)
+def print_config(cfg):  # the keys not at their default (checkpoints and wandb hold them all)
+    default = asdict(type(cfg)())
+    print("config:", *(f"{k}={v}" for k, v in asdict(cfg).items() if v != default[k]), flush=True)
 
 
 def check_bounds(cfg, *rules):

@@ -5,8 +5,8 @@ own loop, top to bottom, and ask a Clock what to do at the top of each step:
     with Clock(cfg, state, rank) as clock:
         while True:
             now = clock.tick()                   # the same answer on every rank
-            if now.evaluate and rank == 0 and clock.is_best(evaluate(), "val/accuracy"):
-                save("best.pt")                  # the best val metric so far
+            if now.evaluate and rank == 0 and clock.new_best(clock.log_eval(evaluate())):
+                save("best.pt")                  # the best val/accuracy so far
             if now.save:
                 save("ckpt.pt")
             if now.stop:
@@ -156,8 +156,7 @@ def nonfinite(loss, model):
 MAY_CHANGE = {"max_iters", "max_seconds", "eval_interval", "val_interval", "ckpt_interval",
               "log_interval", "eval_samples", "target_val_accuracy", "resume", "out_dir", "device",
               "threads", "compile", "micro_batch_size", "sample_batch_size", "log_rollouts",
-              "log_every", "wandb",
-              "wandb_project", "wandb_run_name", "wandb_group"}
+              "log_every", "wandb", "wandb_project", "wandb_run_name", "wandb_group"}
 
 
 def resume(cfg, model, opt, tok, master, run_config):
@@ -256,10 +255,9 @@ class Now:  # what the loop does at the top of a step
 class Clock:
     """One run's step counter and schedule: at the top of step s (tick), evaluate at 0, every
     eval_interval and at the end, save ckpt.pt at each eval, every ckpt_interval and on a signal,
-    stop at max_iters, max_seconds or a signal; a resumed run repeats nothing its checkpoint
-    holds. It logs an eval and says whether it is the best so far (is_best), times the steps
-    (step), logs them with an ETA (log), and on exit puts the signal handlers back, closes wandb
-    and the process group."""
+    stop at max_iters, max_seconds or a signal; a resumed run repeats nothing its checkpoint holds.
+    It logs an eval (log_eval), says if it is the best so far (new_best), times a step (step), logs
+    it with an ETA (log); on exit it restores the signal handlers, closes wandb and DDP."""
 
     def __init__(self, cfg, state, rank, resolved=None):
         self.cfg, self.state, self.rank = cfg, state, rank
@@ -293,16 +291,18 @@ class Clock:
         save = signalled or evaluate or s % cfg.ckpt_interval == 0 and s != self.resumed
         return Now(evaluate, full, save, signalled or s >= cfg.max_iters or out_of_time)
 
-    def is_best(self, metrics, metric):
-        """Log and keep an eval's metrics (rank 0) -> whether `metric` is the best so far
-        (strictly: on a tie the earlier eval keeps best.pt)."""
-        floats = {k: v for k, v in metrics.items() if isinstance(v, float)}
-        self.state.last_eval = floats
-        self.state.first_eval = self.state.first_eval or floats
+    def log_eval(self, metrics):
+        """Log an eval (rank 0), print its line, keep it as the last (and first) eval -> metrics."""
+        self.state.last_eval = {k: v for k, v in metrics.items() if isinstance(v, float)}
+        self.state.first_eval = self.state.first_eval or self.state.last_eval
         self.logger.log({"step": self.state.step, **metrics})
-        line = " ".join(f"{k} {v:.4f}" for k, v in floats.items() if "/n" not in k)
+        line = " ".join(f"{k} {v:.4f}" for k, v in self.state.last_eval.items() if "/n" not in k)
         print(f"step {self.state.step:5d} | eval {line} | took {time.time() - self.t_eval:.1f}s",
               flush=True)
+        return metrics
+
+    def new_best(self, metrics, metric="val/accuracy"):
+        """Whether `metric` beats every earlier eval (a tie does not); kept as state.best_val."""
         best = metrics[metric] > self.state.best_val
         self.state.best_val = max(metrics[metric], self.state.best_val)
         return best

@@ -51,15 +51,15 @@ def credit(cfg, algo, run, batch, idx, flat, gen):
     for r, row in enumerate(turns):
         for s, _ in row:
             paths.setdefault((r // G, tuple(ids[r][:s])), []).append(r)
-    got = {key: max(0, K - len(rs) + 1) for key, rs in paths.items()}  # branches each needs
-    got = branch(cfg, run, problems, {key: (paths[key][0], n) for key, n in got.items() if n},
-                 acts, gen)
+    need = {key: max(0, K - len(rs) + 1) for key, rs in paths.items()}  # branches each needs
+    branched = branch(cfg, run, problems, {key: (paths[key][0], n) for key, n in need.items() if n},
+                      acts, gen)  # (group, prefix) -> its branches' returns
     earned = batch.turn_rewards if batch.turn_rewards is not None else torch.zeros_like(batch.mu)
     value = {}  # (row, start) -> V(s_k): the other rows' returns from s_k and the branches'
     for (g, prefix), rs in paths.items():
         s = len(prefix)
         togo = [batch.reward[r].item() - earned[r, :s].sum().item() for r in rs]
-        extra = got.get((g, prefix), [])
+        extra = branched.get((g, prefix), [])
         for r, own in zip(rs, togo):
             value[r, s] = (sum(togo) - own + sum(extra)) / (len(rs) - 1 + len(extra))
     batch.values = spread(turns, [[value[r, s] for s, _ in row] for r, row in enumerate(turns)],

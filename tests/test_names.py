@@ -1,0 +1,104 @@
+"""One word, one meaning (docs/guides.md#words): names the glossary rules out, checked over the code
+outside tests/ and bench/ (every .py file, parsed; a local is any name a function binds: an
+assignment, a loop or `with` target, a parameter).
+
+Rules for renames in progress, by name (rl.py's, the lead's): each fails until its rename lands.
+    prepared      a stats dict in rl.py: gone
+    steps         one optimizer step's stats in rl.update: `updates`
+    online_pairs  rl.check's flag: removed
+    got           two meanings on two consecutive lines of nanorl/turns.py (now `need`,
+                  `branched`); nanorl/rollout_log.py's gathered ranks still bind it
+"""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from nanorl import loop
+
+ROOT = Path(__file__).resolve().parent.parent
+SKIP = {"tests", "bench", "out", "wandb"}  # and hidden folders (.git, a venv)
+BANNED = {  # a local never takes this name: why
+    "got": "says nothing of what it holds, and turns.py's held two things on two lines",
+    "prepared": "rl.py's stats dict of that name is gone",
+    "online_pairs": "rl.check's flag of that name is removed",
+    "st": "STYLE.md: a name says what it holds",
+    "pre": "STYLE.md: a name says what it holds",
+    "iteration": "the glossary's word is step (an optimizer step: update)",
+    "iterations": "the glossary's word is step (an optimizer step: update)",
+}
+# (file, name): a local that takes the name of a function of its own module, there before the rule
+SHADOWS = {("losses.py", "loss"), ("nanorl/loop.py", "save"), ("nanorl/rollout_log.py", "facts"),
+           ("nanorl/rollout_log.py", "write")}
+
+
+def sources():
+    """{path relative to the repo: its parsed module} for the code the rules cover."""
+    return {p.relative_to(ROOT).as_posix(): ast.parse(p.read_text(), str(p))
+            for p in sorted(ROOT.rglob("*.py"))
+            if not any(part in SKIP or part.startswith(".") for part in p.relative_to(ROOT).parts)}
+
+
+def locals_of(tree):
+    """(function, name, line) for every name a function (or a method) binds."""
+    for fn in ast.walk(tree):
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                    yield getattr(fn, "name", "lambda"), node.id, node.lineno
+                elif isinstance(node, ast.arg) and node is not fn:
+                    yield getattr(fn, "name", "lambda"), node.arg, node.lineno
+
+
+CODE = sources()
+
+
+def test_the_rules_see_the_code():
+    assert {"rl.py", "losses.py", "nanorl/loop.py", "nanorl/turns.py"} <= set(CODE)
+    assert not any(p.startswith(("tests/", "bench/")) for p in CODE)
+
+
+@pytest.mark.parametrize("name", sorted(BANNED))
+def test_no_local_takes_a_banned_name(name):
+    found = [f"{path}:{line} in {fn}()" for path, tree in CODE.items()
+             for fn, local, line in locals_of(tree) if local == name]
+    assert not found, f"{name!r} ({BANNED[name]}): {', '.join(found)}"
+
+
+def test_steps_never_holds_optimizer_steps():
+    """An optimizer step is an update: rl.py (its loop's steps are step s) and losses.py bind no
+    `steps` at all."""
+    found = [f"{path}:{line} in {fn}()" for path in ("rl.py", "losses.py")
+             for fn, local, line in locals_of(CODE[path]) if local == "steps"]
+    assert not found, found
+
+
+def test_a_local_never_takes_the_name_of_a_function_of_its_module():
+    """`sample` the responses and `sample()` the function: in one module a name is one or the
+    other. SHADOWS lists the ones there before this rule (fix one, drop it from the list)."""
+    found = set()
+    for path, tree in CODE.items():
+        functions = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        found |= {(path, local) for fn, local, _ in locals_of(tree)
+                  if local in functions and local != fn}
+    assert found <= SHADOWS, sorted(found - SHADOWS)
+
+
+def test_the_clock_logs_an_eval_and_decides_best_apart():
+    """Clock.is_best logged, kept and decided at once; now log_eval logs and keeps, new_best
+    decides, and no code or doc calls the old name."""
+    assert not hasattr(loop.Clock, "is_best")
+    assert callable(loop.Clock.log_eval) and callable(loop.Clock.new_best)
+    texts = [p for p in ROOT.rglob("*") if p.suffix in (".py", ".md") and not any(
+        part in SKIP or part.startswith(".") for part in p.relative_to(ROOT).parts)]
+    found = [p.relative_to(ROOT).as_posix() for p in texts if "is_best" in p.read_text()]
+    assert not found, found
+
+
+def test_the_glossary_names_each_word_once():
+    text = (ROOT / "docs" / "guides.md").read_text()
+    words = re.findall(r"^\| ([^|]+?) \|", text[text.index("## Words"):text.index("## Add a loss")],
+                       re.M)[1:]  # the header's "word" left out
+    assert len(words) == len(set(words))
+    assert {"step", "update", "sample", "turn", "version"} <= set(words)
