@@ -5,15 +5,28 @@ The GPT (nanoGPT-style, GPT-2 names), its KV cache, the sampler and the log-prob
 (B,) counts each row's pads, so positions restart at its first token and pad keys are masked.
 `generate` prefills each prompt once; rows sharing a prefix share its forward and cache row,
 and `logprobs` (training) runs identical rows once. The optional scalar head: PPO's values or
-the reward model's score.
+the reward model's score. `GPT.from_pretrained`: Hugging Face GPT-2 weights (sft.py --init_from).
 """
 import hashlib
 import math
+import os
 from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+# Hugging Face GPT-2 stores these as Conv1D weights, (in, out): nn.Linear wants (out, in)
+HF_TRANSPOSED = ("c_attn.weight", "c_proj.weight", "c_fc.weight")  # attn's and mlp's c_proj
+
+
+class CheckpointError(RuntimeError):
+    """A missing, corrupt, foreign or incompatible checkpoint (or pretrained weights)."""
+
+
+def one_line(e, n=200):
+    """An exception as one line of an error message: its class and the start of its text."""
+    return f"{e.__class__.__name__}: {' '.join(str(e).split())}"[:n]
 
 
 @dataclass
@@ -169,6 +182,54 @@ class GPT(nn.Module):
             return logits, self.score_head(x).squeeze(-1)  # (B, T)
         return logits
 
+    @classmethod
+    def from_pretrained(cls, name_or_path, block_size=None, dropout=0.0):
+        """A GPT holding Hugging Face GPT-2 weights: a hub name ("gpt2", "gpt2-medium", ...) or a
+        save_pretrained folder: same names, Conv1D weights transposed, lm_head tied to wte, wpe
+        cropped to block_size (default n_positions). A config departing from GPT-2's conventions
+        (ours too, so the logits agree) is refused; every failure is a CheckpointError."""
+        try:
+            import huggingface_hub.utils.logging as hub_logging
+            import transformers
+        except ImportError:
+            raise CheckpointError(f"init_from={name_or_path!r} needs Hugging Face transformers: "
+                                  "pip install transformers") from None
+        for logging in (transformers.logging, hub_logging):  # failures: one line, no retry warnings
+            logging.set_verbosity_error()
+        try:
+            hf = transformers.GPT2LMHeadModel.from_pretrained(name_or_path)
+        except Exception as e:
+            where = (f"the folder {name_or_path}" if os.path.isdir(name_or_path) else
+                     f"https://huggingface.co/{name_or_path} (config.json, model.safetensors; no "
+                     "network? give a save_pretrained folder)")
+            raise CheckpointError(f"could not load Hugging Face GPT-2 weights from {where}: "
+                                  f"{one_line(e)}") from None
+        c = hf.config
+        expect = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"),
+                  "layer_norm_epsilon": (1e-5,), "n_inner": (None, 4 * c.n_embd),
+                  "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,),
+                  "add_cross_attention": (False,), "tie_word_embeddings": (True,)}
+        unsupported = {k: getattr(c, k) for k, ok in expect.items() if getattr(c, k) not in ok}
+        if unsupported:
+            raise CheckpointError(f"{name_or_path}: GPT-2 variant not supported by model.py "
+                                  f"({unsupported})")
+        block_size = block_size or c.n_positions
+        if block_size > c.n_positions:
+            raise CheckpointError(f"{name_or_path}: block_size={block_size} exceeds its "
+                                  f"n_positions={c.n_positions}")
+        model = cls(GPTConfig(block_size=block_size, vocab_size=c.vocab_size, n_layer=c.n_layer,
+                              n_head=c.n_head, n_embd=c.n_embd, dropout=dropout, bias=True))
+        src = hf.state_dict()
+        src.setdefault("lm_head.weight", src["transformer.wte.weight"])  # tied
+        state = {}
+        for k in model.state_dict():
+            if k not in src:
+                raise CheckpointError(f"{name_or_path}: no weight {k!r} in the Hugging Face model")
+            w = src[k].t() if k.endswith(HF_TRANSPOSED) else src[k]
+            state[k] = (w[:block_size] if k == "transformer.wpe.weight" else w).float()
+        model.load_state_dict(state)
+        return model
+
 
 def seeded(device, *key):
     """A torch.Generator seeded by a key such as ("rollout", seed, rank, step): a stream per
@@ -202,7 +263,6 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
       logps          (N, L)    each sampled token's log-prob under the sampling distribution
                                (temperature 0: greedy, untempered; top-k), 0 off actions
       turn_rewards   (N, L)    with episodes: each turn's reward on its last token, else absent
-      version        (N, L)    with the async sampler's policy: each token's policy version
       offsets, prompt_len      (N,) left-pad count of each row; P
     episodes (nanorl/episodes.py): an environment's games, one a row, and the sampler's two
     hooks: its forced tokens (counted in max_new_tokens, log-prob 0) and its turns' ends.
@@ -249,14 +309,15 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
                action_mask=torch.cat([zeros, act], 1))
     if episodes:
         out["turn_rewards"] = episodes.turn_rewards(len(toks)).to(device)
-    if hasattr(model, "versions"):  # the async sampler's policy (nanorl/asyncrl.py)
-        out["version"] = model.versions(len(toks)).expand(len(seq), -1)  # (N, L) each token's
     return out
 
 
 def extend(model, cache, node, node_off, tok, done):
     """A cached decode step; rows with equal prefixes share a forward and a cache row ->
-    (logits (U, V), each row's prefix (N,), the prefixes' offsets (U,))."""
+    (logits (U, V), each row's prefix (N,), the prefixes' offsets (U,)). E.g. one prompt, G=3,
+    V=16: node [0, 0, 0], tok [5, 7, 5] -> key [5, 7, 5], U=2 (prompt 5, prompt 7), node [0, 1, 0];
+    then tok [4, EOS, 9] -> key [4, -1, 9], U=2 (prompt 5 4, prompt 5 9), parent [0, 0] (both
+    extend prompt 5), node [0, -1, 1] (row 1 is done)."""
     V = model.lm_head.out_features
     key = torch.where(done, -1, node * V + tok)  # (N,) prefix id, finished rows -1
     uniq, node = torch.unique(key, return_inverse=True)  # sorted: a -1 comes first

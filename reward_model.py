@@ -3,8 +3,8 @@ Bradley-Terry reward model: the SFT GPT plus a scalar head, trained so that the 
 scores above a wrong one y-; the NLL keeps the trunk learning the task (an LM regulariser, GRM, Yang
 et al. 2024) and the likelihood term scores answers the head alone (lik_coef=0) never memorised:
 
-    loss = -log sigmoid(s(x, y+) - s(x, y-)) + lm_coef * NLL(y+ | x)    (rm.bt_loss, pref.nll_loss)
-    s(x, y) = head(h at y's EOS) + lik_coef * log p(y | x)               (rm.rm_scores)
+    loss = -log sigmoid(s(x, y+) - s(x, y-)) + lm_coef * NLL(y+ | x)  (rm.bt_loss, losses.nll_loss)
+    s(x, y) = head(h at y's EOS) + lik_coef * log p(y | x)             (rm.rm_scores)
 
 Pairs: data/<task>/pairs_<split>.jsonl (five documented kinds of wrong answer) and "policy" pairs,
 whose wrong answer the SFT policy sampled (the mistakes PPO will meet). best.pt: the mean of the two
@@ -20,14 +20,16 @@ from typing import Optional
 
 import torch
 
-from data.tasks import env_of, load_problems
+from data.tasks import load_problems
+from losses import nll_loss
 from model import generate, seeded
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError, run_cli
 from nanorl.ddp import all_reduce
+from nanorl.evaluate import env_of
 from nanorl import loop
 from nanorl.loop import TrainConfig, start
-from nanorl.pref import ensure_pairs, load_records, nll_loss
+from nanorl.pref import ensure_pairs, load_records
 from nanorl.rm import bt_loss, rm_scores
 from nanorl.rows import gold_rows, pack, record_rows, responses
 
@@ -151,7 +153,7 @@ def train(cfg, model, tok, pairs, run_config, rank, world):
             if now.evaluate and rank == 0:
                 m = {**run_eval(cfg, model, tok, pairs, "val"),
                      **(run_eval(cfg, model, tok, pairs, "test") if now.full else {})}
-                if clock.is_best(m, "val/mean_pair_accuracy"):
+                if clock.new_best(clock.log_eval(m), "val/mean_pair_accuracy"):
                     loop.save(cfg, "best.pt", model, opt, run_config, state, tok)
             if now.save:
                 loop.save(cfg, "ckpt.pt", model, opt, run_config, state, tok)

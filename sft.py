@@ -15,12 +15,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from data.tasks import TASKS, env_of, labelled, task_alphabet
+from data.tasks import TASKS, labelled
 from model import GPT, GPTConfig, seeded
 from nanorl.config import UserError, run_cli
 from nanorl.ddp import all_reduce, bf16_default
 from nanorl.episodes import check_env
-from nanorl.evaluate import Task, evaluate, task_splits, verifier_of
+from nanorl.evaluate import Task, env_of, evaluate, task_alphabet, task_splits, verifier_of
 from nanorl import bpe, loop
 from nanorl.loop import TrainConfig, start
 from nanorl.rows import encode_prompts, pack
@@ -126,8 +126,7 @@ def build_model(cfg, tok):
     if cfg.init_from == "scratch":
         shape = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout)
         return GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=cfg.block_size, **shape))
-    from bench.gpt2 import from_pretrained  # only for --init_from
-    model = from_pretrained(cfg.init_from, cfg.block_size, cfg.dropout)
+    model = GPT.from_pretrained(cfg.init_from, cfg.block_size, cfg.dropout)
     if model.config.vocab_size != tok.vocab_size:
         raise UserError(f"init_from={cfg.init_from!r} has {model.config.vocab_size} tokens, the "
                         f"tokenizer {cfg.tokenizer!r} {tok.vocab_size}: use the model's own "
@@ -178,7 +177,7 @@ def train(cfg, model, task, data, bf16, dev, rank, world):
                 reached = target is not None and m["val/accuracy"] >= target
                 if now.full or reached:
                     m.update(run_eval(cfg, model, task, "test", dev, state.step))
-                if clock.is_best(m, "val/accuracy"):
+                if clock.new_best(clock.log_eval(m), "val/accuracy"):
                     loop.save(cfg, "best.pt", model, opt, run_config, state, task.tok)
             if now.save:
                 loop.save(cfg, "ckpt.pt", model, opt, run_config, state, task.tok)

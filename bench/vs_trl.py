@@ -6,7 +6,7 @@ Our GRPO step against TRL's GRPOTrainer, side by side in one process (a ratio, n
 
 Both sides: the default 4-layer, 128-wide model (the SFT checkpoint when it exists, else a fresh
 one) and a Hugging Face GPT2LMHeadModel holding the same weights (the inverse of
-gpt2.from_pretrained's mapping), 8 prompts x 8 samples, <= 8 new tokens, GRPO (TRL:
+GPT.from_pretrained's mapping), 8 prompts x 8 samples, <= 8 new tokens, GRPO (TRL:
 loss_type="grpo") with beta 0.04, lr 1e-5, one optimizer step per rollout, 1 thread. TRL on CPU
 needs bf16 and gradient checkpointing off, and with beta > 0 loads its reference model from a
 path (save_pretrained, then config._name_or_path). torch.set_flush_denormal(True) is a process-wide
@@ -34,11 +34,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import rl  # noqa: E402
 from bench.rl_step import grpo_run, grpo_step  # noqa: E402
 from nanorl.config import load_config  # noqa: E402
-from nanorl.evaluate import grade  # noqa: E402
+from nanorl.evaluate import Task  # noqa: E402
 from data.tasks import ALPHABET, format_prompt, load_split  # noqa: E402
-from bench.gpt2 import HF_TRANSPOSED  # noqa: E402
 from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
-from model import GPT, GPTConfig  # noqa: E402
+from model import GPT, GPTConfig, HF_TRANSPOSED  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
 
 
@@ -130,8 +129,10 @@ def main(b):
         hf = hf_twin(model, os.path.join(tmp, "model"))
         data = Dataset.from_dict({"prompt": [format_prompt(p, reverse) for p, _ in train], "answer": [a for _, a in train]})
 
-        def reward(completion_ids, answer, **kw):  # the same verifier as rl.py; 0 without EOS
-            return [grade(tok, ids, gold, reverse) for ids, gold in zip(completion_ids, answer)]
+        score = Task(tok, "mul", reverse, "exact", 0).score  # rl.py's reward: the verifier's, 0 without EOS
+
+        def reward(completion_ids, answer, **kw):
+            return [score(ids, None, (None, gold)) for ids, gold in zip(completion_ids, answer)]
 
         class Interleave(TrainerCallback):
             """Times TRL's steps; after each, runs one of ours (with both sides, or none)."""

@@ -6,9 +6,8 @@ One `a*b=c` per line, normal digit order; splits are disjoint by unordered opera
 (23*47 goes with 47*23): tune on val, report test. Your own task: a folder of the three
 splits, JSONL ({"prompt": ..., "answer": ...} a line) or `prompt=answer` lines (docs/guides.md).
 Preference files: nanorl/pref.py. A task may name an environment (envs/): mul3_tool the
-calculator; env:NAME is envs/NAME.py's own. rg:NAME: reasoning-gym's (nanorl/rg.py).
+calculator. What a name means (env:NAME, rg:NAME too): nanorl/evaluate.py routes it.
 """
-import importlib
 import json
 import os
 import random
@@ -84,17 +83,6 @@ def write(path, lines):
     os.replace(tmp, path)  # atomic: a half-written file never looks complete
 
 
-def env_of(task):
-    """The environment a task names (an envs/ module: its TASKS env, or env:NAME), or None."""
-    name = TASKS.get(task, {}).get("env") or (task[4:] if task.startswith("env:") else None)
-    if not name:
-        return None
-    try:
-        return importlib.import_module(f"envs.{name}")
-    except ModuleNotFoundError:
-        raise DataError(f"task {task!r}: no environment {name!r} (a file envs/{name}.py)") from None
-
-
 def ensure_data(task, data_dir=DATA_DIR, seed=DATA_SEED):
     """The task's folder, its files generated if missing; a task not in TASKS is your own folder."""
     if task not in TASKS:
@@ -123,14 +111,6 @@ def labelled(problems, n):
     """The first n problems of a seeded shuffle (a smaller n: a subset of a larger); 0 = all."""
     order = random.Random(DATA_SEED + 2).sample(range(len(problems)), len(problems))
     return [problems[i] for i in order[:n]] if n else problems
-
-
-def task_alphabet(task, problems):
-    """ALPHABET, plus the characters of the task's environment and of your own task's problems,
-    sorted (the same files always give the same ids)."""
-    text = ("" if task in TASKS else "".join(p + a for p, a in problems)) + \
-        getattr(env_of(task), "CHARS", "")
-    return ALPHABET + "".join(sorted(set(text) - set(ALPHABET)))
 
 
 def read_lines(path, what):
@@ -201,11 +181,9 @@ def line_of(task, split, i):
 
 
 def load_split(task, split, alphabet=None):
-    """[(prompt, answer)] of a split: generated on first use, the environment's, or your folder's
-    JSONL ({"prompt": ..., "answer": ...} a line) or `prompt=answer` text. alphabet: the
-    characters your task may use (None: any)."""
-    if task.startswith("env:"):
-        return env_of(task).splits()[split]
+    """[(prompt, answer)] of a split: generated on first use, or your folder's JSONL
+    ({"prompt": ..., "answer": ...} a line) or `prompt=answer` text. alphabet: the characters
+    your task may use (None: any)."""
     path = ensure_data(task) / f"{split}.jsonl"
     if path.is_file():
         fields = {"prompt": str, "answer": str}

@@ -6,17 +6,8 @@ from dataclasses import asdict, replace
 import torch
 
 import tokenizer as tokenizers
-from model import GPT, GPTConfig
+from model import GPT, CheckpointError, GPTConfig, one_line  # the errors: from_pretrained's too
 from nanorl import bpe
-
-
-class CheckpointError(RuntimeError):
-    """A missing, corrupt, foreign or incompatible checkpoint (or pretrained weights)."""
-
-
-def one_line(e, n=200):
-    """An exception as one line of an error message: its class and the start of its text."""
-    return f"{e.__class__.__name__}: {' '.join(str(e).split())}"[:n]
 
 
 def unwrap(model):

@@ -1,12 +1,14 @@
-"""Held-out evaluation (greedy accuracy, unbiased pass@k, KL to the reference), grading, and
-the task a checkpoint was trained on (Task)."""
+"""The task a checkpoint was trained on (Task), and the routing of a task's name (one in
+data.tasks.TASKS, env:NAME, rg:NAME or your folder) to its splits, verifier and environment;
+held-out evaluation of a policy on it (greedy accuracy, unbiased pass@k, KL to the reference)."""
+import importlib
 import math
 from dataclasses import dataclass, field
 
 import torch
 
 import losses
-from data.tasks import (TASKS, DataError, env_of, format_answer, format_prompt, line_of,
+from data.tasks import (ALPHABET, TASKS, DataError, format_answer, format_prompt, line_of,
                         load_split, parse_answer, problem_key)
 from model import generate, logprobs
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
@@ -14,7 +16,7 @@ from nanorl.config import UserError
 from nanorl.rows import encode_prompts, gold_rows, responses
 from nanorl import rg
 from nanorl.episodes import Episodes, check_env, demo_rows
-from verify import VERIFIERS, exact_answer
+from verify import VERIFIERS
 
 
 @dataclass
@@ -22,14 +24,14 @@ class Task:
     """The task a checkpoint was trained on: its tokenizer, digit order, verifier and splits, and
     the environment its episodes play in (an envs/ module, or None) with its arguments."""
     tok: object
-    name: str  # a name in data.tasks.TASKS, env:NAME, or a folder
+    name: str  # a name in data.tasks.TASKS, env:NAME, rg:NAME, or a folder
     reverse: bool  # numbers least-significant digit first
     verifier_name: str  # a name in verify.VERIFIERS (an environment scores its own episodes)
     n_train: int  # the labels SFT saw: the first n_train of a seeded shuffle, 0 = all
     train: list = field(default_factory=list)  # [(prompt, answer)], or the rows a loss reads
     val: list = field(default_factory=list)
     test: list = field(default_factory=list)
-    env_module: object = None  # the envs/ module of its episodes (data.tasks.env_of), or None
+    env_module: object = None  # the envs/ module of its episodes (env_of), or None
     env_args: dict = field(default_factory=dict)  # its Env's arguments (--env_args)
     rg: dict = field(default_factory=dict)  # an rg: task's generator config (nanorl/rg.py)
     scorer: object = None  # an rg: task's score(question, answer)
@@ -128,11 +130,49 @@ class Task:
 
 
 def task_splits(name, rg_config=None, alphabet=None):
-    """({split: [(prompt, answer)]}, an rg: task's scorer or None): reasoning-gym's, else data's.
-    alphabet: the characters your own task may use (None: any)."""
+    """({split: [(prompt, answer)]}, an rg: task's scorer or None): reasoning-gym's, the
+    environment's, else data's. alphabet: the characters your own task may use (None: any)."""
     if name.startswith("rg:"):
         return rg.splits(name[3:], rg_config or {})
+    if name.startswith("env:"):
+        return {s: env_of(name).splits()[s] for s in ("train", "val", "test")}, None
     return {s: load_split(name, s, alphabet) for s in ("train", "val", "test")}, None
+
+
+def env_of(task):
+    """The environment a task names (an envs/ module: its TASKS env, or env:NAME), or None."""
+    name = TASKS.get(task, {}).get("env") or (task[4:] if task.startswith("env:") else None)
+    if not name:
+        return None
+    try:
+        return importlib.import_module(f"envs.{name}")
+    except ModuleNotFoundError:
+        raise DataError(f"task {task!r}: no environment {name!r} (a file envs/{name}.py)") from None
+
+
+def task_alphabet(task, problems):
+    """ALPHABET, plus the characters of the task's environment and of your own task's problems,
+    sorted (the same files always give the same ids)."""
+    text = ("" if task in TASKS else "".join(p + a for p, a in problems)) + \
+        getattr(env_of(task), "CHARS", "")
+    return ALPHABET + "".join(sorted(set(text) - set(ALPHABET)))
+
+
+def verifier_of(name):
+    """The reward function verify.VERIFIERS[name], or a UserError naming the valid ones."""
+    if name not in VERIFIERS:
+        raise UserError(f"unknown verifier {name!r}; valid: {', '.join(sorted(VERIFIERS))}")
+    return VERIFIERS[name]
+
+
+def final_text(tok, ids, act=None):
+    """The text the policy wrote after the environment's last token (act: the ids' action mask,
+    None: all the policy's), EOS stripped; None if it did not end with EOS or a special token
+    comes earlier (decoding would drop it: "10<pad>81")."""
+    if not ids or ids[-1] != tok.eos_id or any(i in tok.special_ids for i in ids[:-1]):
+        return None
+    start = max((i + 1 for i, a in enumerate((act or ())[:len(ids)]) if not a), default=0)
+    return tok.decode(ids[start:-1])
 
 
 def load_policy(path, values, dev, env_args=None):
@@ -145,6 +185,7 @@ def load_policy(path, values, dev, env_args=None):
     return model.to(dev).eval(), Task.of(ckpt, path, tok, env_args)
 
 
+# held-out evaluation: greedy answers and samples of a policy on its task's test and val
 def pass_at_k(n, c, k):
     """Unbiased pass@k from n samples with c correct (Chen et al. 2021): 1 - C(n-c, k) / C(n, k)."""
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)  # C(n-c, k) = 0 when k > n-c
@@ -216,22 +257,6 @@ def score_samples(task, out, problems, episodes=None):
             for r, (ids, p, act) in enumerate(zip(responses(out), problems, acts))]
 
 
-def final_text(tok, ids, act=None):
-    """The text the policy wrote after the environment's last token (act: the ids' action mask,
-    None: all the policy's), EOS stripped; None if it did not end with EOS or a special token
-    comes earlier (decoding would drop it: "10<pad>81")."""
-    if not ids or ids[-1] != tok.eos_id or any(i in tok.special_ids for i in ids[:-1]):
-        return None
-    start = max((i + 1 for i, a in enumerate((act or ())[:len(ids)]) if not a), default=0)
-    return tok.decode(ids[start:-1])
-
-
-def grade(tok, ids, gold, reverse, verifier=exact_answer, act=None):
-    """The verifier's score of a response's final text (final_text), 0 if there is none."""
-    text = final_text(tok, ids, act)
-    return 0.0 if text is None else verifier(text, gold, reverse=reverse)
-
-
 def env_metrics(calls, prefix):
     """Sampler calls [(their Episodes, generate's result)] -> turns per episode, the share of
     turns the environment could not take, and the share of response tokens it wrote."""
@@ -241,13 +266,6 @@ def env_metrics(calls, prefix):
     return {f"{prefix}/turns": turns.mean().item(),
             f"{prefix}/invalid_frac": invalid.sum().item() / max(1, turns.sum().item()),
             f"{prefix}/env_token_frac": 1 - act / max(1, resp)}
-
-
-def verifier_of(name):
-    """The reward function verify.VERIFIERS[name], or a UserError naming the valid ones."""
-    if name not in VERIFIERS:
-        raise UserError(f"unknown verifier {name!r}; valid: {', '.join(sorted(VERIFIERS))}")
-    return VERIFIERS[name]
 
 
 def evaluate_policy(model, ref, task, cfg, gen):

@@ -1,12 +1,12 @@
 """Hugging Face GPT-2 weights in model.GPT (offline): a tiny random GPT2LMHeadModel saved with
-save_pretrained loads through gpt2.from_pretrained and gives the same logits."""
+save_pretrained loads through GPT.from_pretrained and gives the same logits."""
 import sys
 
 import pytest
 import torch
 import transformers
 
-from bench.gpt2 import from_pretrained
+from model import GPT
 from nanorl.checkpoint import CheckpointError
 
 torch.set_num_threads(1)
@@ -28,7 +28,7 @@ def tiny_hf(tmp_path, seed=0, **kw):
 
 def test_hf_gpt2_logits_match(tmp_path):
     hf = tiny_hf(tmp_path)
-    model = from_pretrained(str(tmp_path), block_size=16).eval()
+    model = GPT.from_pretrained(str(tmp_path), block_size=16).eval()
     assert (model.config.n_layer, model.config.n_head, model.config.n_embd, model.config.vocab_size) == (2, 2, 32, 50)
     assert model.transformer.wpe.weight.shape == (16, 32)  # cropped from n_positions=24
     assert model.lm_head.weight is model.transformer.wte.weight  # still tied
@@ -39,17 +39,17 @@ def test_hf_gpt2_logits_match(tmp_path):
     assert ref.std() > 0.1  # logits of a real size, not a near-zero comparison
     assert (ours - ref).abs().max() <= 1e-5
     with torch.no_grad():  # the saved folder is what was loaded, not a fresh init
-        ours2 = from_pretrained(str(tmp_path)).eval()(idx)
+        ours2 = GPT.from_pretrained(str(tmp_path)).eval()(idx)
     assert (ours2 - ref).abs().max() <= 1e-5
 
 
 def test_unsupported_variants_and_sizes_are_refused(tmp_path):
     tiny_hf(tmp_path / "relu", activation_function="relu")
     with pytest.raises(CheckpointError, match="activation_function"):
-        from_pretrained(str(tmp_path / "relu"))
+        GPT.from_pretrained(str(tmp_path / "relu"))
     tiny_hf(tmp_path / "ok")
     with pytest.raises(CheckpointError, match="block_size=32 exceeds its n_positions=24"):
-        from_pretrained(str(tmp_path / "ok"), block_size=32)
+        GPT.from_pretrained(str(tmp_path / "ok"), block_size=32)
 
 
 def test_missing_transformers_or_weights_fail_in_one_line(monkeypatch, tmp_path):
@@ -57,8 +57,8 @@ def test_missing_transformers_or_weights_fail_in_one_line(monkeypatch, tmp_path)
         raise OSError("We couldn't connect to 'https://huggingface.co' to load the files,\nand couldn't find them.")
     monkeypatch.setattr(transformers.GPT2LMHeadModel, "from_pretrained", offline)
     with pytest.raises(CheckpointError) as e:
-        from_pretrained("gpt2")
+        GPT.from_pretrained("gpt2")
     assert "https://huggingface.co/gpt2" in str(e.value) and "\n" not in str(e.value)
     monkeypatch.setitem(sys.modules, "transformers", None)  # import transformers -> ImportError
     with pytest.raises(CheckpointError, match="pip install transformers"):
-        from_pretrained("gpt2")
+        GPT.from_pretrained("gpt2")

@@ -272,13 +272,13 @@ def char_and_bpe(alphabet):
 def test_a_special_token_before_eos_makes_any_answer_wrong(name, text, gold):
     """decode drops PAD (and BPE specials), so '10<pad>81' would read as '1081': the verifier must see
     what was sampled. Every special token at every position before the final EOS scores 0."""
-    from nanorl.evaluate import grade
+    from nanorl.evaluate import Task
     for tok in char_and_bpe("".join(sorted(set(text)))):
-        ids = tok.encode(text)
+        ids, score = tok.encode(text), Task(tok, "mul", False, name, 0).score  # the reward rl.py gives
         assert tok.special_ids == ({0, 1} if tok.pad_id == 0 else {256, 257})
-        assert grade(tok, ids + [tok.eos_id], gold, False, VERIFIERS[name]) == 1.0
-        assert grade(tok, ids, gold, False, VERIFIERS[name]) == 0.0  # truncated: no EOS
+        assert score(ids + [tok.eos_id], None, (None, gold)) == 1.0
+        assert score(ids, None, (None, gold)) == 0.0  # truncated: no EOS
         for s in tok.special_ids:
             for k in range(len(ids) + 1):
                 bad = ids[:k] + [s] + ids[k:] + [tok.eos_id]
-                assert grade(tok, bad, gold, False, VERIFIERS[name]) == 0.0, (type(tok).__name__, s, k)
+                assert score(bad, None, (None, gold)) == 0.0, (type(tok).__name__, s, k)
