@@ -12,13 +12,10 @@ Every loss is minimised and returns (loss, stats).
 """
 import math
 from dataclasses import dataclass, field, make_dataclass
-from functools import partial
 from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
-
-from nanorl.pref import dpo_loss, kto_loss, nll_loss, orpo_loss, simpo_loss
 
 # -------------------------------------------------------------- reductions, log-probs
 
@@ -162,6 +159,32 @@ def step_advantages(rewards, states, groups, mask, gamma, eps=1e-6):
     adv[on] = torch.where(var[step_group] > 0, (R - mean[step_group])
                           / (var[step_group].sqrt() + eps), 0.0)
     return torch.where(turn >= 0, adv.gather(1, turn.clamp_min(0)), 0.0)
+
+
+def cliff_advantages(rewards, first_wrong, mask, lam=0.0):
+    """CLIFF (2025) -> (P, G, T) from 0/1 rewards (P, G), first_wrong (P, G) (-1: none) and
+    mask (P, G, T). With the group's mean mu, std sd: a correct answer gets (1-mu)/sd = a_good,
+    a wrong one lam a_good before its first wrong token, -mu/sd from it; centred per group."""
+    if not ((rewards == 0) | (rewards == 1)).all():
+        raise ValueError("cliff_advantages needs binary 0/1 rewards (the exact verifier)")
+    m, rewards = mask.bool(), rewards.float()
+    mu = rewards.mean(-1, keepdim=True)  # (P, 1)
+    sd = rewards.std(-1, correction=0, keepdim=True)  # (P, 1)
+    live = sd > 0  # (P, 1) groups with signal
+    sd = torch.where(live, sd, 1.0)
+    a_good, a_bad = ((1 - mu) / sd)[..., None], (-mu / sd)[..., None]  # (P, 1, 1)
+    t = torch.arange(m.shape[-1], device=m.device)  # (T,)
+    before = t < first_wrong.clamp_min(0)[..., None]  # (P, G, T)
+    adv = torch.where(rewards[..., None] == 1, a_good, torch.where(before, lam * a_good, a_bad))
+    adv = adv - masked_mean(adv.expand(m.shape), m, dim=(1, 2))[:, None, None]
+    return torch.where(m & live[..., None], adv, 0.0)
+
+
+def teacher_advantages(old_logp, teacher_lp, mask, bound=10.0):
+    """On-policy distillation's (N, L) A_t = -clamp(log pi_old_t - log pi_T_t, +-bound), 0 off
+    the mask. From pi_old, not mu: under staleness an advantage from mu would add grad KL(pi ||
+    mu), a push away from the sampler; pi_old is what the trainer recomputes (offpolicy.py)."""
+    return torch.where(mask.bool(), -(old_logp - teacher_lp).clamp(-bound, bound), 0.0)
 
 
 def kl_estimate(logp, ref_logp, kind="k3"):
@@ -392,16 +415,92 @@ def gkd(logp, old_logp, adv, m, hp, logits, teacher_logits):
     return -div, _stats(torch.exp(logp - old_logp), m)
 
 
-def loss(name, logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None, **kw):
-    """ALGOS[name]'s loss (algo_loss). kw: any of its hyperparameters (the rest: the row's
-    defaults) and its inputs."""
-    algo = ALGOS[name]
-    hp = resolve_hparams(name, **{k: kw.pop(k) for k in list(kw) if k in algo.defaults})
-    bad = [k for k in kw if k not in INPUTS]
-    if bad:
-        raise ValueError(f"loss {name!r} has no hyperparameter {bad[0]!r}; "
-                         f"it takes {', '.join(algo.defaults) or 'none'}")
-    return algo_loss(algo, hp, logp, old_logp, adv, mask, ref_logp, n_tokens, n_seqs, **kw)
+# preference and supervised objectives (nanorl/pref.py feeds them): (B,) sums of response
+# log-probs -> (loss, stats)
+
+
+def dpo_loss(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta=0.1, kind="sigmoid",
+             label_smoothing=0.0, rpo_alpha=0.0, chosen_len=None):
+    """DPO (Rafailov et al. 2023), mean over pairs, for m = (pi_c - ref_c) - (pi_r - ref_r):
+      sigmoid: -(1-eps) log sigmoid(beta m) - eps log sigmoid(-beta m), eps = label_smoothing
+               (conservative DPO, Mitchell 2023)
+      ipo:     (m - 1/(2 beta))^2 (IPO, Azar et al. 2023).
+    rpo_alpha > 0 adds the chosen answers' NLL -rpo_alpha pi_c / chosen_len (RPO, Pang 2024)."""
+    chosen, rejected = pi_chosen - ref_chosen, pi_rejected - ref_rejected  # (B,) log-ratios
+    m = chosen - rejected  # (B,)
+    if kind == "sigmoid":
+        per_pair = (-(1 - label_smoothing) * F.logsigmoid(beta * m)
+                    - label_smoothing * F.logsigmoid(-beta * m))  # (B,)
+    elif kind == "ipo":
+        per_pair = (m - 1 / (2 * beta)) ** 2
+    else:
+        raise ValueError(f"unknown DPO kind {kind!r}; valid: sigmoid, ipo")
+    if rpo_alpha:
+        per_pair = per_pair - rpo_alpha * pi_chosen / chosen_len
+    stats = {"chosen_reward": (beta * chosen).mean().detach(),
+             "rejected_reward": (beta * rejected).mean().detach(),
+             "margin": (beta * m).mean().detach(), "pair_accuracy": (m > 0).float().mean()}
+    return per_pair.mean(), stats
+
+
+def kto_loss(pi_logp, ref_logp, desirable, pi_mismatch, ref_mismatch, beta=0.1, lambda_d=1.0,
+             lambda_u=1.0, rpo_alpha=0.0, length=None):
+    """KTO (Ethayarajh et al. 2024), mean over answers: r = pi - ref (B,), reference point
+    z = sg(max(0, mean(pi_mismatch - ref_mismatch))) over mismatched pairs (x_i, y_j);
+    desirable answers lose lambda_d (1 - sigmoid(beta (r - z))), undesirable ones lambda_u
+    (1 - sigmoid(beta (z - r))). rpo_alpha > 0 adds the desirable ones' NLL / length."""
+    r = pi_logp - ref_logp  # (B,)
+    z = (pi_mismatch - ref_mismatch).mean().clamp_min(0).detach()  # () reference point
+    d = desirable.bool()
+    per = torch.where(d, lambda_d * (1 - torch.sigmoid(beta * (r - z))),
+                      lambda_u * (1 - torch.sigmoid(beta * (z - r))))  # (B,)
+    if rpo_alpha:
+        per = per - rpo_alpha * torch.where(d, pi_logp / length, 0.0)
+    rew = (beta * r).detach()  # (B,)
+
+    def mean(sel):  # 0 when empty
+        return torch.where(sel, rew, 0.0).sum() / sel.sum().clamp_min(1)
+    return per.mean(), {"z": z, "desirable_reward": mean(d), "undesirable_reward": mean(~d)}
+
+
+def simpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, beta=2.0, gamma_beta_ratio=0.25,
+               rpo_alpha=0.0):
+    """SimPO (Meng et al. 2024, arXiv 2405.14734), no reference: with a = pi / |y| (EOS
+    included), mean over pairs of -log sigmoid(beta (a_c - a_r) - gamma) - rpo_alpha a_c,
+    gamma = gamma_beta_ratio beta; rpo_alpha is the authors' sft_weight (CPO-SimPO)."""
+    a_c, a_r = pi_chosen / chosen_len, pi_rejected / rejected_len  # (B,) each
+    m = beta * (a_c - a_r)  # (B,)
+    stats = {"chosen_reward": (beta * a_c).mean().detach(),
+             "rejected_reward": (beta * a_r).mean().detach(),
+             "margin": m.mean().detach(), "pair_accuracy": (m > 0).float().mean()}
+    return (-F.logsigmoid(m - gamma_beta_ratio * beta) - rpo_alpha * a_c).mean(), stats
+
+
+def log1mexp(a):
+    """log(1 - exp(a)) for a < 0, accurate on both sides of -log 2 (Maechler 2012); a is
+    clamped to at most -1e-6, where 0 would give -inf."""
+    a = a.clamp(max=-1e-6)
+    return torch.where(a > -0.6931, torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))
+
+
+def orpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, lam=0.1):
+    """ORPO (Hong et al. 2024, arXiv 2403.07691), no reference: with a = pi / |y| and log
+    odds(y) = a - log(1 - e^a), mean over pairs of -a_c - lam log sigmoid(odds_c - odds_r).
+    The NLL covers the chosen response only (TRL's also counts the prompt)."""
+    a_c, a_r = pi_chosen / chosen_len, pi_rejected / rejected_len  # (B,) each, <= 0
+    log_odds = (a_c - a_r) - (log1mexp(a_c) - log1mexp(a_r))  # (B,)
+    stats = {"chosen_reward": a_c.mean().detach(), "rejected_reward": a_r.mean().detach(),
+             "margin": log_odds.mean().detach(),
+             "pair_accuracy": (log_odds > 0).float().mean()}
+    return (-a_c - lam * F.logsigmoid(log_odds)).mean(), stats
+
+
+def nll_loss(logp, mask, n_tokens=None):
+    """The supervised baselines (sft: gold answers; rft: verified own samples, Yuan et al.
+    2023): -sum_t m logp / n_tokens, n_tokens = every response token of the batch."""
+    m = mask.bool()
+    loss = -torch.where(m, logp, 0.0).sum() / (n_tokens or m.sum().clamp_min(1))
+    return loss, {"nll": loss.detach()}
 
 
 def algo_loss(algo, hp, logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None,
@@ -514,8 +613,6 @@ ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
     "sft": Algo(nll_loss, None, None, TOK, **dict(PAIRS, family="sft", data="gold")),
     "rft": Algo(nll_loss, None, None, TOK, **dict(PAIRS, family="sft", data="samples")),
 }
-INPUTS = ("values", "old_values", "value_targets", "entropy", "cov_mask", "group_correct",
-          "group_size", "logits", "teacher_logits")  # tensors an objective takes, not knobs
 DEFAULTS = {n: a.defaults for n, a in ALGOS.items()}
 KNOBS = {k: type(v) if v is not None else float for d in DEFAULTS.values() for k, v in d.items()
          if k not in ("kind", "max_new_tokens")}  # max_new_tokens: the run's; kind: the row's
@@ -545,5 +642,3 @@ def resolve_hparams(name, **overrides):
                          f"got {overrides['clip_c']}")
     return {**DEFAULTS[name], **overrides}
 
-
-LOSSES = {n: partial(loss, n) for n, a in ALGOS.items() if a.family == "pg"}

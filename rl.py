@@ -16,7 +16,6 @@ import time
 from collections import deque
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
-from functools import partial
 from typing import Optional
 
 import torch
@@ -30,6 +29,7 @@ from nanorl.config import UserError, check_bounds, run_cli
 from nanorl.ddp import all_reduce, bf16_default, mean_over_ranks, world_size
 from nanorl.evaluate import Task, evaluate_policy, load_policy
 from nanorl.rm import RewardModel
+from nanorl.rows import Rollout
 from verify import overlong_penalty
 
 SHOWN = ("loss reward_mean rm_reward accuracy margin pair_accuracy z n_groups "
@@ -66,32 +66,6 @@ class Config(rm.Flags, pref.Flags, distill.Flags, offpolicy.Flags, rollout_log.F
     eval_samples: int = 8  # samples per test problem: pass@1, pass@8, KL to the reference
     bf16: Optional[bool] = None  # autocast rollouts and updates; None = on CUDA
     compile: bool = False  # torch.compile the training forward
-
-
-@dataclass
-class Rollout:  # N = prompts x G samples, responses aligned at 0
-    ids: torch.Tensor  # (N, P+L) left-padded prompt, response, right padding
-    offsets: torch.Tensor  # (N,) left-pad count of each row
-    mask: torch.Tensor  # (N, L) 1 on the policy's tokens (EOS included), not the env's
-    mu: torch.Tensor  # (N, L) the sampler's log-probs
-    old_logp: torch.Tensor = None  # (N, L) pi_old: mu unless offpolicy.py recomputes it
-    reward: torch.Tensor = None  # (N,) what advantages read (docs/guides.md#words)
-    score: torch.Tensor = None  # (N,) the final score: the verifier's or the episode's
-    first_wrong: torch.Tensor = None  # (N,) CLIFF's first wrong token, or -1
-    length: torch.Tensor = None  # (N,) response tokens with EOS, the environment's too
-    finished: torch.Tensor = None  # (N,) ended with EOS
-    values: torch.Tensor = None  # (N, L) V_old: PPO's value head, VinePPO's branches
-    baseline: torch.Tensor = None  # (N,) ReMax: the greedy answer's reward
-    rm_reward: torch.Tensor = None  # (N,) the RM's raw score
-    turn_rewards: torch.Tensor = None  # (N, L) an environment's, at its turns' ends
-    turns: torch.Tensor = None  # (N,) an environment's turns
-    invalid: torch.Tensor = None  # (N,) the turns it could not take
-    version: torch.Tensor = None  # (N, L) async: each token's policy version
-    states: torch.Tensor = None  # (N, L) GiGPO: the state each turn starts from (an id)
-
-    def episode_return(self):
-        """(N,) the score plus the turns' rewards: the reward without shaping."""
-        return self.score if self.turn_rewards is None else self.score + self.turn_rewards.sum(1)
 
 
 @dataclass
@@ -197,32 +171,35 @@ def collect(cfg, algo, run, gen):
 # -------------------- advantages
 
 
-def advantages(cfg, algo, hp, batch, ref_lp, teacher_lp):
-    """(N,) or (N, L) advantages of the row's kind, and its objective's inputs."""
-    kind, R, G = algo.advantage, batch.reward, cfg.group_size
-    if kind in ("gae", "rpp", "rpp_baseline", *turns.KINDS):
-        return token_advantages(kind, hp, batch, R, ref_lp, G)
-    if kind in (None, "teacher"):  # distillation (gkd: no advantage)
-        adv = distill.advantages(batch, teacher_lp) if kind else torch.zeros_like(batch.mu)
-        return adv, {}
-    if algo.kl == "reward" and hp["beta"]:  # R - beta sum_t k1(pi_old, ref)
+def advantages(cfg, algo, hp, batch, ref_lp):
+    """(N,) or (N, L) advantages of the row's kind (ADVANTAGES), and its objective's inputs."""
+    R = batch.reward  # (N,) a token kind spreads beta's k1 over the tokens itself
+    if algo.kl == "reward" and hp["beta"] and algo.advantage not in TOKEN_KINDS:
         R = losses.kl_in_reward(R, batch.old_logp, ref_lp, batch.mask, hp["beta"]).sum(1)
-    if kind == "greedy":
-        return R - batch.baseline, {}
-    if kind == "first_wrong":  # CLIFF
-        adv = cliff.cliff_advantages(R.view(-1, G), batch.first_wrong.view(-1, G),
-                                     batch.mask.view(-1, G, batch.mask.size(1)))
-        return adv.flatten(0, 1), {}  # (N, L)
-    inputs = {}
-    if "group_correct" in algo.needs:
+    return ADVANTAGES[algo.advantage](cfg, algo, hp, batch, R, ref_lp)
+
+
+def group_kind(cfg, algo, hp, batch, R, ref_lp):
+    """(N,) each reward against its group's (losses.group_advantages); GAPO's inputs."""
+    G, inputs = cfg.group_size, {}
+    if "group_correct" in algo.needs:  # each group's right answers
         inputs = dict(group_correct=batch.score.view(-1, G).sum(1).repeat_interleave(G),
                       group_size=G)
-    return losses.group_advantages(R.view(-1, G), kind).flatten(), inputs  # (N,)
+    return losses.group_advantages(R.view(-1, G), algo.advantage).flatten(), inputs
 
 
-def token_advantages(kind, hp, batch, R, ref_lp, G):
+def cliff_kind(cfg, algo, hp, batch, R, ref_lp):
+    """(N, L) CLIFF's: the group's advantages, split at each wrong answer's first wrong token."""
+    G, L = cfg.group_size, batch.mask.size(1)
+    adv = losses.cliff_advantages(R.view(-1, G), batch.first_wrong.view(-1, G),
+                                  batch.mask.view(-1, G, L))
+    return adv.flatten(0, 1), {}
+
+
+def token_kind(cfg, algo, hp, batch, R, ref_lp):
     """GAE (PPO), return-to-go (REINFORCE++) or VinePPO's turn advantages of the rewards
     -beta k1 + R at the end, whitened over all ranks, or GiGPO's -> ((N, L), inputs)."""
+    kind, G = algo.advantage, cfg.group_size
     if kind == "rpp_baseline":  # R minus its group's mean first
         R = losses.group_advantages(R.view(-1, G), "mean").flatten()
     m, turn_rewards = batch.mask, batch.turn_rewards  # (N, L) each; no environment: None
@@ -251,7 +228,66 @@ def token_advantages(kind, hp, batch, R, ref_lp, G):
     adv = losses.whiten(adv, m, s / n, s2 / n - (s / n) ** 2)
     return adv, (dict(old_values=v, value_targets=targets) if gae else {})
 
+
+TOKEN_KINDS = ("gae", "rpp", "rpp_baseline", *turns.KINDS)  # (N, L) advantages, KL per token
+ADVANTAGES = {  # Algo.advantage -> (cfg, algo, hp, batch, R, ref_lp) -> (advantages, inputs)
+    **dict.fromkeys(("std", "mean", "rloo", "maxrl"), group_kind),
+    **dict.fromkeys(TOKEN_KINDS, token_kind),  # GAE, REINFORCE++, VinePPO, GiGPO
+    "greedy": lambda cfg, algo, hp, batch, R, ref_lp: (R - batch.baseline, {}),  # ReMax
+    "first_wrong": cliff_kind}  # the distillation rows' (teacher, None): distill.advantages
+
 # -------------------- a step
+
+
+def sample(cfg, algo, run, gen):
+    """collect, timed -> (this step's Rollout or None, stats with tokens per second)."""
+    t0, dev = time.time(), next(run.model.parameters()).device
+    with torch.autocast(dev.type, torch.bfloat16) if cfg.sampler_bf16 else nullcontext():
+        batch, stats = collect(cfg, algo, run, gen)
+    stats["perf/rollout_s"] = dt = time.time() - t0
+    stats["perf/rollout_tok_s"] = stats["perf/rollout_tokens"] / dt  # every token sampled
+    return batch, stats
+
+
+def pg_step(cfg, algo, run, lr, gen):
+    """One step of a policy-gradient row: sample, then train on the rollout -> its stats,
+    averaged over ranks. The async sampler and --replay call train with rollouts of their own
+    (nanorl/asyncrl.py, nanorl/rollout_log.py)."""
+    batch, stats = sample(cfg, algo, run, gen)
+    if cfg.staleness:  # the off-policy lab: train on the rollout of staleness steps ago
+        old = offpolicy.stale(run.queue, batch, stats, cfg.staleness)  # (None, {}): filling
+        return {**train(cfg, algo, run, *old, lr, gen), **mean_over_ranks(stats)}  # this step's
+    return train(cfg, algo, run, batch, stats, lr, gen)
+
+
+def train(cfg, algo, run, batch, sampled, lr, gen):
+    """An update on a Rollout (None on any rank: none), with its sampling stats -> those and
+    the update's, averaged over ranks."""
+    if all_reduce(float(batch is None), "max").item():  # on any rank: no update
+        if cfg.log_rollouts < 0 and cfg.log_every == 1:  # a replayable log holds it too
+            rollout_log.write(cfg, run, None, sampled, None, None)
+        return mean_over_ranks(sampled)
+    ref_lp, adv, inputs, lab = prepare(cfg, algo, run, batch)  # lab: the off-policy lab's
+    if cfg.log_rollouts and (run.state.step + 1) % cfg.log_every == 0:
+        rollout_log.write(cfg, run, batch, sampled, adv, ref_lp)  # nanorl/rollout_log.py
+    stats = {**sampled, **lab, **update(cfg, algo, run, batch, lr, gen, adv=adv, inputs=inputs,
+                                        ref_lp=ref_lp)}
+    stats = mean_over_ranks({**stats, **rollout_metrics(
+        batch, ref_lp, inputs.get("value_targets"), run.hp.get("beta"))})
+    if run.hp.get("kl_target"):  # PPO's adaptive KL controller, on every rank's rows
+        n = all_reduce(len(batch.ids)).item()  # the rows trained on
+        run.hp["beta"] = losses.adaptive_beta(run.hp["beta"], stats["rl/kl_k1_seq"],
+                                              run.hp["kl_target"], n)
+    return stats
+
+
+def pref_step(cfg, algo, run, lr, gen):
+    """One step of a preference or supervised row (nanorl/pref.py) -> its stats: online
+    pairs from this step's samples, else from the data files."""
+    batch, stats = (None, {}) if pref.offline(cfg, algo) else sample(cfg, algo, run, gen)
+    out = pref.step(cfg, algo, run, batch, lr)  # {}: some rank had no rows, none updated
+    metrics = rollout_metrics(batch) if out and batch else {}
+    return mean_over_ranks({**stats, **out, **metrics})
 
 
 def explained_variance(values, targets, mask):
@@ -287,111 +323,66 @@ def rollout_metrics(batch, ref_lp=None, value_targets=None, beta=None):
     return out
 
 
-
-def sample(cfg, algo, run, gen):
-    """collect, timed -> (this step's Rollout or None, stats with tokens per second)."""
-    t0, dev = time.time(), next(run.model.parameters()).device
-    with torch.autocast(dev.type, torch.bfloat16) if cfg.sampler_bf16 else nullcontext():
-        batch, stats = collect(cfg, algo, run, gen)
-    stats["perf/rollout_s"] = dt = time.time() - t0
-    stats["perf/rollout_tok_s"] = stats["perf/rollout_tokens"] / dt  # every token sampled
-    return batch, stats
-
-
-def pg_step(cfg, algo, run, lr, gen, sample=sample):
-    """One step of a policy-gradient row -> its stats, averaged over ranks. sample: the
-    async pipeline's stands in for this process's sampler (nanorl/asyncrl.py)."""
-    batch, stats = sample(cfg, algo, run, gen)
-    if cfg.staleness:  # the off-policy lab: train on the rollout of staleness steps ago
-        run.queue.append((batch, dict(stats)))  # its sampling stats (a copy: stats grows)
-        full = len(run.queue) > cfg.staleness  # else the queue is filling: no update
-        batch, sampled = run.queue.popleft() if full else (None, {})
-    if all_reduce(float(batch is None), "max").item():  # on any rank: no update
-        if cfg.log_rollouts < 0 and cfg.log_every == 1:  # a replayable log holds it too
-            rollout_log.write(cfg, run, None, sampled if cfg.staleness else stats,
-                              None, None)
-        return mean_over_ranks(stats)
-    ref_lp, adv, inputs, prepared = prepare(cfg, algo, run, batch)
-    if cfg.log_rollouts and (run.state.step + 1) % cfg.log_every == 0:
-        rollout_log.write(cfg, run, batch, sampled if cfg.staleness else stats, adv,
-                          ref_lp)  # nanorl/rollout_log.py
-    stats.update(prepared, **update(cfg, algo, run, batch, adv, inputs, ref_lp, lr, gen))
-    stats = mean_over_ranks({**stats, **rollout_metrics(
-        batch, ref_lp, inputs.get("value_targets"), run.hp.get("beta"))})
-    if run.hp.get("kl_target"):  # PPO's adaptive KL controller, on every rank's rows
-        n = all_reduce(len(batch.ids)).item()  # the rows trained on
-        run.hp["beta"] = losses.adaptive_beta(run.hp["beta"], stats["rl/kl_k1_seq"],
-                                              run.hp["kl_target"], n)
-    return stats
-
-
-def pref_step(cfg, algo, run, lr, gen):
-    """One step of a preference or supervised row (nanorl/pref.py) -> its stats: online
-    pairs from this step's samples, else from the data files."""
-    batch, stats = (None, {}) if pref.offline(cfg, algo) else sample(cfg, algo, run, gen)
-    out = pref.step(cfg, algo, run, batch, lr)  # {}: some rank had no rows, none updated
-    metrics = rollout_metrics(batch) if out and batch else {}
-    return mean_over_ranks({**stats, **out, **metrics})
-
-
 @torch.no_grad()
 def prepare(cfg, algo, run, batch):
-    """-> (ref log-probs for a KL term, advantages, the objective's inputs, stats)."""
-    max_rows, ref_lp, stats, teacher_lp = cfg.micro_batch_size, None, {}, None
+    """-> (ref log-probs for a KL term, advantages, the objective's inputs, the off-policy
+    lab's stats)."""
+    ref_lp, stats = None, {}
     if algo.kl and run.hp["beta"]:
         ref_lp = logprobs(run.ref, batch.ids, batch.offsets, batch.mask, cfg.temperature,
-                          max_rows=max_rows)[0]
+                          max_rows=cfg.micro_batch_size)[0]
     # the off-policy lab, and bf16: the sampler's mu is not the trainer's pi_old
     if cfg.staleness or cfg.sampler_bf16 or cfg.bf16:
         stats = offpolicy.recompute(run.model, batch, cfg)
     if "values" in algo.needs:  # PPO's V_old, as the update's forward computes V
         lp, head, _ = logprobs(unwrap(run.model), batch.ids, batch.offsets, batch.mask,
-                               cfg.temperature, scalar=True, max_rows=max_rows)
+                               cfg.temperature, scalar=True, max_rows=cfg.micro_batch_size)
         batch.values = torch.where(batch.mask.bool(), losses.prefix_value(head, lp), 0.0)
-    if run.teacher is not None:  # distillation: the teacher's log-probs [and logits]
-        teacher_lp, teacher_logits = distill.teacher(run.teacher, batch, cfg, algo)
-    adv, inputs = advantages(cfg, algo, run.hp, batch, ref_lp, teacher_lp)
-    if "teacher_logits" in algo.needs:
-        inputs["teacher_logits"] = teacher_logits
+    if run.teacher is not None:  # distillation: from the teacher's log-probs [and logits]
+        adv, inputs = distill.advantages(run.teacher, batch, cfg, algo)
+    else:
+        adv, inputs = advantages(cfg, algo, run.hp, batch, ref_lp)
     if cfg.rollout_is != "none" or cfg.decoupled:  # the off-policy lab's corrections
-        adv, weights = offpolicy.weigh(adv, batch, cfg, algo)
-        stats.update(weights)
+        adv, stats = offpolicy.weigh(adv, batch, cfg, algo, stats)
     return ref_lp, adv, inputs, stats
 
 
-def update(cfg, algo, run, batch, adv, inputs, ref_lp, lr, gen):
-    """ppo_epochs x minibatches optimizer steps; losses divide by the minibatch's counts
-    over all ranks, so micro-batches and ranks add up. Stats: each one's mean over the
-    steps that measured it (the trainer-vs-sampler gap and the entropy: the first step's,
-    where pi = pi_old)."""
+def update(cfg, algo, run, batch, lr, gen, adv, inputs, ref_lp):
+    """ppo_epochs x minibatches optimizer steps (updates); losses divide by the minibatch's
+    counts over all ranks, so micro-batches and ranks add up. Stats: each one's mean over the
+    updates that measured it (the sampler gap and the entropy: the first update's)."""
     N, G = len(batch.ids), cfg.group_size
     micro = max(G, cfg.micro_batch_size // G * G)  # micro-batches of whole groups
-    fewest = -int(all_reduce(-N, "max").item())  # rows on the emptiest rank
+    fewest = int(all_reduce(N, "min").item())  # rows on the emptiest rank
     if fewest < cfg.minibatches:  # dynamic sampling kept few groups
         raise UserError(f"minibatches={cfg.minibatches} but a rank holds only {fewest} rows")
-    steps = []  # each optimizer step's stats
+    updates = []  # each optimizer step's stats
     for epoch in range(cfg.ppo_epochs):
         order = torch.arange(N) if cfg.minibatches == 1 else \
             torch.randperm(N, generator=gen, device=gen.device)
-        # exactly `minibatches` parts; the first step's pi = pi_old: the sampler gap
+        # exactly `minibatches` parts; the first update's pi = pi_old: the sampler gap
         for i, mb in enumerate(order.tensor_split(cfg.minibatches)):
-            first = epoch == 0 and i == 0
             run.opt.zero_grad()
-            loss, stats = accumulate(cfg, algo, run, batch, adv, inputs, ref_lp, mb, micro,
-                                     first, gen)
+            loss, stats = accumulate(cfg, algo, run, batch, mb, micro, gen, adv=adv,
+                                     inputs=inputs, ref_lp=ref_lp, first=epoch == i == 0)
             gnorm = loop.optimizer_step(unwrap(run.model), run.opt, loss, lr,
                                         cfg.grad_clip, backward=False)
-            steps.append(stats)
-    keys = dict.fromkeys(k for step in steps for k in step)  # every stat, in order
-    measured = {k: [step[k] for step in steps if k in step] for k in keys}
-    return {**{f"rl/{k}": sum(v) / len(v) for k, v in measured.items()},  # over the steps
-            "rl/loss": loss.item() * world_size(), "rl/grad_norm": gnorm.item(),
-            "rl/lr": lr, "rl/n_tokens": batch.mask.sum().item()}
+            updates.append(stats)
+    # a rank's loss is its share of the batch's (it divides by every rank's counts): x ranks
+    return {**mean_of(updates), "rl/loss": loss.item() * world_size(),
+            "rl/grad_norm": gnorm.item(), "rl/lr": lr, "rl/n_tokens": batch.mask.sum().item()}
 
 
-def accumulate(cfg, algo, run, batch, adv, inputs, ref_lp, mb, micro, first, gen):
+def mean_of(updates):
+    """The updates' stats -> rl/<each>: its mean over the updates that measured it."""
+    keys = dict.fromkeys(k for stats in updates for k in stats)  # every stat, in order
+    measured = {k: [stats[k] for stats in updates if k in stats] for k in keys}
+    return {f"rl/{k}": sum(v) / len(v) for k, v in measured.items()}
+
+
+def accumulate(cfg, algo, run, batch, mb, micro, gen, adv, inputs, ref_lp, first):
     """Backward of minibatch mb in micro-batches -> (its loss, its stats)."""
-    counts = all_reduce([batch.mask[mb].sum().item(), float(len(mb))]).clamp_min(1).tolist()
+    n_tokens, n_seqs = all_reduce([batch.mask[mb].sum().item(), len(mb)]).clamp_min(1).tolist()
     if algo.select:  # Clip-/KL-Cov: the tokens chosen over the minibatch
         chosen = torch.zeros_like(batch.mask, dtype=torch.bool)  # (N, L)
         chosen[mb] = cov.select(run.model, batch, mb, adv, run.hp, cfg, algo.select,
@@ -410,15 +401,12 @@ def accumulate(cfg, algo, run, batch, adv, inputs, ref_lp, mb, micro, first, gen
         if "teacher_logits" in algo.needs:  # the student's next-token distribution
             kw["logits"] = logits
         ref = None if ref_lp is None else ref_lp[ub]
-        loss, micro_stats = losses.algo_loss(algo, run.hp, lp, part.old_logp, adv[ub], m,
-                                             ref, *counts, **kw)
+        loss, micro_stats = losses.algo_loss(algo, run.hp, lp, part.old_logp, adv[ub], m, ref,
+                                             n_tokens=n_tokens, n_seqs=n_seqs, **kw)
         loss.backward()
         total += loss.detach()
-        if first:  # the entropy, the trainer against mu (ratio 1 at k = 0)
-            d = (lp.detach() - part.mu).abs() * m  # (n, L)
-            entropy = losses.masked_mean(losses.token_entropy(logits.detach()), m)
-            mismatch = losses.masked_mean(d, m)
-            micro_stats.update(logp_mismatch=d.max(), logp_mismatch_mean=mismatch, entropy=entropy)
+        if first:  # the trainer against the sampler, where pi = pi_old
+            micro_stats.update(sampler_gap(lp.detach(), logits.detach(), part))
         w = (m.sum() / batch.mask[mb].sum().clamp_min(1)).item()  # token-weighted means
         for k, v in micro_stats.items():
             if k in ("ratio_max", "logp_mismatch"):
@@ -426,6 +414,13 @@ def accumulate(cfg, algo, run, batch, adv, inputs, ref_lp, mb, micro, first, gen
             else:
                 stats[k] = stats.get(k, 0.0) + float(v) * w
     return total, stats
+
+
+def sampler_gap(lp, logits, part):
+    """The first update's entropy and |log pi - mu| (its max and mean): ratio 1 at k = 0."""
+    d = (lp - part.mu).abs() * part.mask  # (n, L)
+    return dict(logp_mismatch=d.max(), logp_mismatch_mean=losses.masked_mean(d, part.mask),
+                entropy=losses.masked_mean(losses.token_entropy(logits), part.mask))
 
 # -------------------- setup, check, resume, save
 
@@ -458,9 +453,9 @@ def check(cfg):
         pref.check(cfg, algo)
     if "teacher" in algo.needs:  # distillation
         distill.check(cfg, algo)
-    online_pairs = algo.data in ("pairs", "labels")  # a right and a wrong answer each
+    pairs = algo.data in ("pairs", "labels")  # online, a group needs a right and a wrong answer
     dynamic = cfg.dynamic_sampling and algo.family == "pg" and "teacher" not in algo.needs
-    return replace(cfg, dynamic_sampling=online_pairs or dynamic), algo, hp
+    return replace(cfg, dynamic_sampling=pairs or dynamic), algo, hp
 
 
 def setup(cfg, algo, hp, dev, rank, world):
@@ -496,7 +491,7 @@ def resume(cfg, run, rank, run_config):
     run.hp, rank_state = ck["hparams"], ck["ranks"][rank]
     run.prompts.load_state_dict(rank_state["sampler"])
     dev = next(run.model.parameters()).device
-    run.queue.extend((offpolicy.from_dict(batch, dev, Rollout), stats)
+    run.queue.extend((rows.from_dict(batch, dev), stats)
                      for batch, stats in rank_state["queue"])
     if run.rm:
         run.rm.load_state_dict(rank_state["rm"])
@@ -505,7 +500,7 @@ def resume(cfg, run, rank, run_config):
 def save(cfg, run, run_config, name):
     """ckpt.pt or best.pt, with each rank's prompt sampler, queue and RM statistics."""
     rank_state = {"sampler": run.prompts.state_dict(), "rm": run.rm and run.rm.state_dict(),
-                  "queue": [(offpolicy.to_dict(batch), stats) for batch, stats in run.queue]}
+                  "queue": [(rows.to_dict(batch), stats) for batch, stats in run.queue]}
     loop.save(cfg, name, run.model, run.opt, run_config, run.state, run.task.tok, rank_state,
               hparams=run.hp)
 
@@ -541,20 +536,16 @@ def main(cfg):
     if rank == 0:
         print(f"hparams: {run.hp}", flush=True)
     train_step = pg_step if algo.family == "pg" else pref_step
-    if cfg.async_rollouts or cfg.inflight or cfg.replay:  # rollouts from elsewhere
-        if cfg.replay:  # a rollout log's, not samples: nanorl/rollout_log.py
-            replay = rollout_log.replay(cfg, algo, run, world, rank, Rollout)
-            train_step = partial(pg_step, sample=replay)
-        else:  # a sampler process: nanorl/asyncrl.py
-            train_step = asyncrl.Pipeline(cfg, run, rank, world, setup, sample, pg_step,
-                                          Rollout)
+    if cfg.replay or cfg.async_rollouts or cfg.inflight:  # train on a log's rollouts, or on
+        train_step = rollout_log.replay(cfg, algo, run, world, rank, train) if cfg.replay \
+            else asyncrl.Pipeline(cfg, run, rank, world, setup, sample, train)  # a sampler's
     hparams = {f"hparams/{k}": v for k, v in run.hp.items() if v is not None}
     with loop.Clock(cfg, run.state, rank, resolved={**run_config, "hparams": run.hp}) as clock:
         if not cfg.resume:
             clock.logger.log({"step": 0, **hparams})
         while True:  # at the top of step s: evaluate, save, stop, as every rank agrees
             now = clock.tick()
-            if now.evaluate and rank == 0 and clock.is_best(evaluate(cfg, run), "val/accuracy"):
+            if now.evaluate and rank == 0 and clock.new_best(clock.log_eval(evaluate(cfg, run))):
                 save(cfg, run, run_config, "best.pt")
             if now.save:
                 save(cfg, run, run_config, "ckpt.pt")

@@ -98,9 +98,9 @@ def directions(model, ref, batch, specs, cfg, G):
         if row.overlong:  # DAPO's overlong shaping joins its reward
             pen = [overlong_penalty(int(n), cfg.max_new_tokens, row.overlong) for n in batch.length]
             b.reward = batch.score + torch.tensor(pen)
-        adv, extra = rl.advantages(replace(rc, loss=loss), row, hp, b, ref_logp, None)
+        adv, extra = rl.advantages(replace(rc, loss=loss), row, hp, b, ref_logp)
         kw = dict(values=values) if "values" in row.needs else {}
-        obj, _ = L.LOSSES[loss](lp, batch.mu, adv, mask, ref_logp, **hp, **extra, **kw)
+        obj, _ = L.algo_loss(row, hp, lp, batch.mu, adv, mask, ref_logp, **extra, **kw)
         out[name] = flat(torch.autograd.grad(-obj, params, retain_graph=True, allow_unused=True), params)
         reward[name] = b.reward.mean().item()
     return out, reward
@@ -205,7 +205,7 @@ def plot(main, sweep, path):
 def main(cfg):
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    pg = [n for n in L.LOSSES if "teacher" not in L.ALGOS[n].needs]  # opd, gkd follow a teacher, not J
+    pg = [n for n, a in L.ALGOS.items() if a.family == "pg" and "teacher" not in a.needs]  # opd, gkd follow a teacher, not J
     names = [n.strip() for n in cfg.losses.split(",") if n.strip()] or pg
     sweep_names = [n.strip() for n in cfg.sweep_losses.split(",") if n.strip()]
     Gs = [int(g) for g in cfg.group_sizes.split(",") if g.strip()]

@@ -45,7 +45,7 @@ import torch.multiprocessing as mp
 
 import losses
 from model import seeded
-from nanorl import offpolicy
+from nanorl import rows
 from nanorl.checkpoint import unwrap
 from nanorl.config import UserError
 from nanorl.ddp import all_reduce, mean_over_ranks
@@ -67,9 +67,9 @@ def check(cfg):
 class Pipeline:
     """The trainer's end of the pipeline, rl.py's step function when --async_rollouts is on."""
 
-    def __init__(self, cfg, run, rank, world, setup, sample, pg_step, rollout_cls):
+    def __init__(self, cfg, run, rank, world, setup, sample, train):
         check(cfg)
-        self.pg_step, self.rollout_cls, self.timeout = pg_step, rollout_cls, cfg.async_timeout
+        self.train, self.timeout = train, cfg.async_timeout
         threads = torch.get_num_threads()  # the sync run's, shared: the sampler takes half
         torch.set_num_threads(max(1, threads - threads // 2))
         dev = next(run.model.parameters()).device
@@ -92,21 +92,21 @@ class Pipeline:
         """Step s: update on rollout s-k while the sampler makes rollout s -> the stats."""
         t0, s = time.time(), run.state.step + 1
         full = len(run.queue) == cfg.staleness  # rollout s-k is queued: this step updates
-        lag = version_lag(run.queue[0][0], s - 1) if full else {}
-        # pg_step queues a stand-in for rollout s, trains on s-k; rollout s replaces it below
-        stats = self.pg_step(cfg, algo, run, lr, gen, sample=lambda *_: (None, {}))
+        batch, sampled = run.queue.popleft() if full else (None, {})
+        lag = version_lag(batch, s - 1) if full else {}
+        stats = self.train(cfg, algo, run, batch, sampled, lr, gen)
         self.publish(run, s)
         t1 = time.time()
         msg = self.receive(s)
         waited = time.time() - t1
         dev = next(run.model.parameters()).device
-        run.queue[-1] = (offpolicy.from_dict(msg["batch"], dev, self.rollout_cls), msg["stats"])
+        run.queue.append((rows.from_dict(msg["batch"], dev), msg["stats"]))
         run.prompts.load_state_dict(msg["sampler"])  # as of rollout s: what a checkpoint holds
         if run.rm:
             run.rm.load_state_dict(msg["rm"])
         perf = {"perf/trainer_idle_frac": waited / (time.time() - t0),
                 "perf/sampler_idle_frac": msg["idle_frac"]}
-        return {**stats, **mean_over_ranks({**msg["stats"], **perf}), **lag}
+        return {**stats, **mean_over_ranks({**msg["stats"], **perf}), **lag}  # rollout s's
 
     def publish(self, run, version):
         """The policy's weights as version `version`, copied: the trainer goes on updating."""
@@ -201,7 +201,7 @@ def recv(conn):
 
 class InFlight(torch.nn.Module):
     """The sampler's policy: model's forward, and before each one (with --inflight) the newest
-    weights published; it records each forward's version, one a decode step (model.generate)."""
+    weights published; it records each forward's version, one a decode step (stamped)."""
 
     def __init__(self, model, source, inflight):
         super().__init__()
@@ -215,12 +215,17 @@ class InFlight(torch.nn.Module):
         self.log.append(self.source.version)
         return self.model(*args, **kwargs)
 
-    def versions(self, n):
-        """(n,) the versions of the last n forwards: one generate call's decode steps, read once
-        at its end, which starts the next call's record afresh."""
-        out = torch.tensor(self.log[-n:], device=self.lm_head.weight.device)
-        self.log.clear()
+
+def stamped(generate, policy):
+    """The sampler's generate: its result with each token's version (N, L), that of the forward
+    that sampled it (one a decode step), read at the call's end, which clears the record."""
+    def generate_stamped(*args, **kwargs):
+        out = generate(*args, **kwargs)
+        N, L = out["logps"].shape  # the call's last L forwards
+        out["version"] = torch.tensor(policy.log[-L:], device=out["ids"].device).expand(N, -1)
+        policy.log.clear()
         return out
+    return generate_stamped
 
 
 class Weights:
@@ -275,6 +280,8 @@ def serve(cfg, cls, hp, dev, rank, world, first, state, threads, setup, sample, 
             run.rm.load_state_dict(state["rm"])
         source = Weights(run.model, weights, parent)
         run.model = InFlight(run.model, source, cfg.inflight)
+        rl = sample.__globals__  # rl.py's, in this process: rollouts stamp each token's version
+        rl["generate"] = stamped(rl["generate"], run.model)
         send(out, {"step": first - 1})  # set up: the trainer's timeout now times rollouts
         idle, t = source.idle, time.time()  # a rollout's span: from the last one's send
         for s in itertools.count(first):
@@ -284,7 +291,7 @@ def serve(cfg, cls, hp, dev, rank, world, first, state, threads, setup, sample, 
                 batch, stats = sample(cfg, algo, run, gen)
             idle_frac = (source.idle - idle) / (time.time() - t)
             idle, t = source.idle, time.time()
-            send(out, {"step": s, "batch": offpolicy.to_dict(batch), "stats": stats,
+            send(out, {"step": s, "batch": rows.to_dict(batch), "stats": stats,
                        "idle_frac": idle_frac, "sampler": run.prompts.state_dict(),
                        "rm": run.rm and run.rm.state_dict()})
             source.idle += time.time() - t  # until the trainer read it: waiting too

@@ -47,12 +47,13 @@ def world_size():
 
 
 def all_reduce(x, op="sum"):
-    """Sum or max of a number / list / tensor over ranks, as a float64 tensor."""
+    """Sum, max or min of a number / list / tensor over ranks, as a float64 tensor."""
     if not dist.is_initialized():
         return torch.as_tensor(x, dtype=torch.float64).clone()
     dev = "cuda" if dist.get_backend() == "nccl" else "cpu"  # nccl reduces GPU tensors only
     x = torch.as_tensor(x, dtype=torch.float64, device=dev).clone()
-    dist.all_reduce(x, {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    dist.all_reduce(x, ops[op])
     return x.cpu()
 
 

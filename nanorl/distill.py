@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+import losses
 from model import logprobs
 from nanorl.checkpoint import load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError
@@ -36,18 +37,11 @@ def load(path, tok, dev):
 
 
 @torch.no_grad()
-def teacher(model, batch, cfg, algo):
-    """The teacher's tempered log-probs of the sampled tokens (N, L) and, when the row needs
-    them, its tempered logits (N, L, V); (None, None) without a teacher."""
-    if model is None:
-        return None, None
+def advantages(model, batch, cfg, algo):
+    """From the teacher's tempered log-probs of the sampled tokens -> (opd's advantages
+    (losses.teacher_advantages), or gkd's 0; the objective's inputs: gkd's teacher logits)."""
     lp, _, logits = logprobs(model, batch.ids, batch.offsets, batch.mask, cfg.temperature,
                              logits="teacher_logits" in algo.needs, max_rows=cfg.micro_batch_size)
-    return lp, logits
-
-
-def advantages(batch, teacher_lp, bound=10.0):
-    """(N, L) A_t = -clamp(log pi_old_t - log pi_T_t, +-bound), 0 off the mask. From pi_old,
-    not mu: under staleness an advantage from mu would add grad KL(pi || mu), a push away from
-    the sampler; pi_old is what the trainer recomputes (offpolicy.py), mu itself otherwise."""
-    return torch.where(batch.mask.bool(), -(batch.old_logp - teacher_lp).clamp(-bound, bound), 0.0)
+    adv = losses.teacher_advantages(batch.old_logp, lp, batch.mask) if algo.advantage \
+        else torch.zeros_like(batch.mu)
+    return adv, ({"teacher_logits": logits} if "teacher_logits" in algo.needs else {})

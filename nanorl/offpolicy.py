@@ -82,22 +82,20 @@ def rollout_weights(old_logp, mu_logp, mask, kind, cap=2.0, low=0.5, high=5.0):
     return w, losses.masked_mean(cut.float(), m)
 
 
-def weigh(adv, batch, cfg, algo):
-    """The advantages times the weights of --rollout_is or --decoupled -> (adv, stats); a
-    sequence-ratio row takes seq_tis's one weight per row."""
+def stale(queue, batch, stats, staleness):
+    """--staleness=k: queue this step's rollout and its sampling stats -> the rollout of k steps
+    ago and its stats, or (None, {}) while the queue fills."""
+    queue.append((batch, stats))
+    return queue.popleft() if len(queue) > staleness else (None, {})
+
+
+def weigh(adv, batch, cfg, algo, stats):
+    """The advantages times the weights of --rollout_is or --decoupled -> (adv, stats with
+    the capped share); a sequence-ratio row takes seq_tis's one weight per row."""
     kind = "decoupled" if cfg.decoupled else cfg.rollout_is
     w, cut = rollout_weights(batch.old_logp, batch.mu, batch.mask, kind)
     if algo.ratio == "sequence":
         adv = adv * w[:, 0]  # (B,)
     else:
         adv = (adv[:, None] if adv.dim() == 1 else adv) * w  # (B, T)
-    return adv, {"rl/is_capped_frac": cut.item()}
-
-
-def to_dict(batch):
-    """A queued rollout as plain tensors (weights_only checkpoints); None stays None."""
-    return batch and {k: v for k, v in vars(batch).items() if v is not None}
-
-
-def from_dict(d, dev, cls):
-    return d and cls(**{k: v.to(dev) for k, v in d.items()})
+    return adv, {**stats, "rl/is_capped_frac": cut.item()}

@@ -8,9 +8,8 @@ verified-correct samples), opened by the rows of family pref and sft:
     python rl.py --loss=rft                 # does RL beat plain supervised training?
 
 A step's data becomes (prompt ids, answer ids) rows, and the rows become the row's loss.
-The losses below take (B,) sums of response log-probs, the policy's (with grad) and the
-reference's; losses.ALGOS holds their rows. This file imports no losses.py: that one
-imports this.
+Their losses (losses.py: dpo_loss, kto_loss, simpo_loss, orpo_loss, nll_loss) take (B,) sums
+of response log-probs, the policy's (with grad) and the reference's.
 """
 from dataclasses import dataclass
 
@@ -18,10 +17,10 @@ import json
 import random
 
 import torch
-import torch.nn.functional as F
 
 from data.tasks import (ALPHABET, DATA_DIR, DATA_SEED, TASKS, DataError, compute, ensure_data,
                         labelled, problems_of, read_jsonl, split_pairs, write)
+from losses import nll_loss
 from model import logprobs
 from nanorl.checkpoint import unwrap
 from nanorl.config import UserError
@@ -34,91 +33,6 @@ from nanorl.rows import record_rows, responses
 class Flags:  # rl.py's flags of the preference rows
     pairs: str = "offline"  # from the data files, or "online": from the policy's samples
     pairs_per_step: int = 256  # offline pairs per step (kto: 2x answers; sft: gold rows)
-
-
-def dpo_loss(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta=0.1, kind="sigmoid",
-             label_smoothing=0.0, rpo_alpha=0.0, chosen_len=None):
-    """DPO (Rafailov et al. 2023), mean over pairs, for m = (pi_c - ref_c) - (pi_r - ref_r):
-      sigmoid: -(1-eps) log sigmoid(beta m) - eps log sigmoid(-beta m), eps = label_smoothing
-               (conservative DPO, Mitchell 2023)
-      ipo:     (m - 1/(2 beta))^2 (IPO, Azar et al. 2023).
-    rpo_alpha > 0 adds the chosen answers' NLL -rpo_alpha pi_c / chosen_len (RPO, Pang 2024)."""
-    chosen, rejected = pi_chosen - ref_chosen, pi_rejected - ref_rejected  # (B,) log-ratios
-    m = chosen - rejected  # (B,)
-    if kind == "sigmoid":
-        per_pair = (-(1 - label_smoothing) * F.logsigmoid(beta * m)
-                    - label_smoothing * F.logsigmoid(-beta * m))  # (B,)
-    elif kind == "ipo":
-        per_pair = (m - 1 / (2 * beta)) ** 2
-    else:
-        raise ValueError(f"unknown DPO kind {kind!r}; valid: sigmoid, ipo")
-    if rpo_alpha:
-        per_pair = per_pair - rpo_alpha * pi_chosen / chosen_len
-    stats = {"chosen_reward": (beta * chosen).mean().detach(),
-             "rejected_reward": (beta * rejected).mean().detach(),
-             "margin": (beta * m).mean().detach(), "pair_accuracy": (m > 0).float().mean()}
-    return per_pair.mean(), stats
-
-
-def kto_loss(pi_logp, ref_logp, desirable, pi_mismatch, ref_mismatch, beta=0.1, lambda_d=1.0,
-             lambda_u=1.0, rpo_alpha=0.0, length=None):
-    """KTO (Ethayarajh et al. 2024), mean over answers: r = pi - ref (B,), reference point
-    z = sg(max(0, mean(pi_mismatch - ref_mismatch))) over mismatched pairs (x_i, y_j);
-    desirable answers lose lambda_d (1 - sigmoid(beta (r - z))), undesirable ones lambda_u
-    (1 - sigmoid(beta (z - r))). rpo_alpha > 0 adds the desirable ones' NLL / length."""
-    r = pi_logp - ref_logp  # (B,)
-    z = (pi_mismatch - ref_mismatch).mean().clamp_min(0).detach()  # () reference point
-    d = desirable.bool()
-    per = torch.where(d, lambda_d * (1 - torch.sigmoid(beta * (r - z))),
-                      lambda_u * (1 - torch.sigmoid(beta * (z - r))))  # (B,)
-    if rpo_alpha:
-        per = per - rpo_alpha * torch.where(d, pi_logp / length, 0.0)
-    rew = (beta * r).detach()  # (B,)
-
-    def mean(sel):  # 0 when empty
-        return torch.where(sel, rew, 0.0).sum() / sel.sum().clamp_min(1)
-    return per.mean(), {"z": z, "desirable_reward": mean(d), "undesirable_reward": mean(~d)}
-
-
-def simpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, beta=2.0, gamma_beta_ratio=0.25,
-               rpo_alpha=0.0):
-    """SimPO (Meng et al. 2024, arXiv 2405.14734), no reference: with a = pi / |y| (EOS
-    included), mean over pairs of -log sigmoid(beta (a_c - a_r) - gamma) - rpo_alpha a_c,
-    gamma = gamma_beta_ratio beta; rpo_alpha is the authors' sft_weight (CPO-SimPO)."""
-    a_c, a_r = pi_chosen / chosen_len, pi_rejected / rejected_len  # (B,) each
-    m = beta * (a_c - a_r)  # (B,)
-    stats = {"chosen_reward": (beta * a_c).mean().detach(),
-             "rejected_reward": (beta * a_r).mean().detach(),
-             "margin": m.mean().detach(), "pair_accuracy": (m > 0).float().mean()}
-    return (-F.logsigmoid(m - gamma_beta_ratio * beta) - rpo_alpha * a_c).mean(), stats
-
-
-def log1mexp(a):
-    """log(1 - exp(a)) for a < 0, accurate on both sides of -log 2 (Maechler 2012); a is
-    clamped to at most -1e-6, where 0 would give -inf."""
-    a = a.clamp(max=-1e-6)
-    return torch.where(a > -0.6931, torch.log(-torch.expm1(a)), torch.log1p(-torch.exp(a)))
-
-
-def orpo_loss(pi_chosen, pi_rejected, chosen_len, rejected_len, lam=0.1):
-    """ORPO (Hong et al. 2024, arXiv 2403.07691), no reference: with a = pi / |y| and log
-    odds(y) = a - log(1 - e^a), mean over pairs of -a_c - lam log sigmoid(odds_c - odds_r).
-    The NLL covers the chosen response only (TRL's also counts the prompt)."""
-    a_c, a_r = pi_chosen / chosen_len, pi_rejected / rejected_len  # (B,) each, <= 0
-    log_odds = (a_c - a_r) - (log1mexp(a_c) - log1mexp(a_r))  # (B,)
-    stats = {"chosen_reward": a_c.mean().detach(), "rejected_reward": a_r.mean().detach(),
-             "margin": log_odds.mean().detach(),
-             "pair_accuracy": (log_odds > 0).float().mean()}
-    return (-a_c - lam * F.logsigmoid(log_odds)).mean(), stats
-
-
-def nll_loss(logp, mask, n_tokens=None):
-    """The supervised baselines (sft: gold answers; rft: verified own samples, Yuan et al.
-    2023): -sum_t m logp / n_tokens, n_tokens = every response token of the batch."""
-    m = mask.bool()
-    loss = -torch.where(m, logp, 0.0).sum() / (n_tokens or m.sum().clamp_min(1))
-    return loss, {"nll": loss.detach()}
-
 
 
 # ------------------------------------------ pairs data

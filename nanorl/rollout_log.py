@@ -40,10 +40,9 @@ import torch.distributed as dist
 
 import losses
 from data.tasks import format_prompt
-from nanorl import offpolicy
+from nanorl import rows
 from nanorl.config import UserError
 from nanorl.ddp import gather_objects
-from nanorl.rows import take
 
 # what a row's advantage reads that its own sampling computed (the Rollout's column): replayed,
 # it needs a log of a row of the same advantage
@@ -69,15 +68,15 @@ def facts(cfg, run, world):
             "task": run.task.settings(), "tokenizer": run.task.tok.to_dict(), "model": shape}
 
 
-def replay(cfg, algo, run, world, rank, rollout_cls):
-    """--replay (set) -> the Replay that stands in for rl.py's sampler, or one line where it
-    does not fit the run."""
+def replay(cfg, algo, run, world, rank, train):
+    """--replay (set) -> the step function that trains (rl.train) on the logged rollouts
+    instead of sampling, or one line where the log does not fit the run."""
     if algo.family != "pg" or cfg.staleness or cfg.async_rollouts:
         raise UserError("--replay trains a policy-gradient row on what each logged step trained "
                         "on: it needs --staleness=0 and no --async_rollouts")
     if not os.path.isdir(cfg.replay):
         raise UserError(f"--replay: no folder {cfg.replay} (a run's out_dir/rollouts)")
-    return Replay(cfg.replay, facts(cfg, run, world), rank, rollout_cls)
+    return Replay(cfg.replay, facts(cfg, run, world), rank, train)
 
 
 def path(folder, step, ext):
@@ -127,21 +126,21 @@ def write(cfg, run, batch, stats, adv, ref_lp):
     n = N if cfg.log_rollouts < 0 else min(N, cfg.log_rollouts * G)  # this rank's rows to send
     mine = {"rows": N, "stats": stats, "records": [], "batch": None}
     if n:
-        part, version = take(batch, torch.arange(n)), max(0, step - 1 - cfg.staleness)
+        part, version = rows.take(batch, torch.arange(n)), max(0, step - 1 - cfg.staleness)
         mine["records"] = records(run.task, part, adv[:n], None if ref_lp is None else
                                   ref_lp[:n], step, version, G)
-        mine["batch"] = {k: v.cpu() for k, v in offpolicy.to_dict(part).items()}
+        mine["batch"] = {k: v.cpu() for k, v in rows.to_dict(part).items()}
     ranks = gather_objects(mine)  # every rank's, in rank order
     if dist.is_initialized() and dist.get_rank():
         return
     left = sum(r["rows"] for r in ranks) if cfg.log_rollouts < 0 else cfg.log_rollouts * G
     recs, offset = [], 0  # offset: the rows of the ranks before
-    for rank, got in enumerate(ranks):
-        kept = got["records"][:left]
+    for rank, share in enumerate(ranks):
+        kept = share["records"][:left]
         recs += [{**rec, "rank": rank, "row": rec["row"] + offset,
                   "group": (rec["row"] + offset) // G} for rec in kept]
-        got["batch"] = got["batch"] and {k: v[:len(kept)] for k, v in got["batch"].items()}
-        left, offset = left - len(kept), offset + got["rows"]
+        share["batch"] = share["batch"] and {k: v[:len(kept)] for k, v in share["batch"].items()}
+        left, offset = left - len(kept), offset + share["rows"]
     folder = os.path.join(cfg.out_dir, "rollouts")
     os.makedirs(folder, exist_ok=True)
 
@@ -151,7 +150,7 @@ def write(cfg, run, batch, stats, adv, ref_lp):
     atomic(path(folder, step, "jsonl"), jsonl)
     logged = {"step": step, "whole": len(recs) == offset, "loss": cfg.loss,
               "facts": facts(cfg, run, len(ranks)),
-              "ranks": [{"batch": got["batch"], "stats": got["stats"]} for got in ranks]}
+              "ranks": [{"batch": share["batch"], "stats": share["stats"]} for share in ranks]}
     atomic(path(folder, step, "pt"), lambda tmp: torch.save(logged, tmp))
     if cfg.wandb and recs:  # the same rows as a wandb Table (TRL's log_completions)
         wandb_table(recs, step)
@@ -183,10 +182,10 @@ def load(file):
 
 
 class Replay:
-    """rl.py's sampler under --replay: step s's logged rollout of this rank, and its stats."""
+    """rl.py's step under --replay: train on step s's logged rollout of this rank."""
 
-    def __init__(self, folder, facts, rank, rollout_cls):
-        self.folder, self.facts, self.rank, self.rollout_cls = folder, facts, rank, rollout_cls
+    def __init__(self, folder, facts, rank, train):
+        self.folder, self.facts, self.rank, self.train = folder, facts, rank, train
         steps = [int(f[5:11]) for f in os.listdir(folder) if f.startswith("step_") and
                  f.endswith(".pt")]
         if not steps:
@@ -194,7 +193,7 @@ class Replay:
                             "--log_rollouts=-1 --log_every=1)")
         self.last = max(steps)
 
-    def __call__(self, cfg, algo, run, gen):
+    def __call__(self, cfg, algo, run, lr, gen):
         step = run.state.step + 1
         file = path(self.folder, step, "pt")
         if step > self.last:
@@ -211,7 +210,8 @@ class Replay:
                             "--log_rollouts=-1 --log_every=1")
         self.check(file, d, cfg, algo)
         mine, dev = d["ranks"][self.rank], next(run.model.parameters()).device
-        return offpolicy.from_dict(mine["batch"], dev, self.rollout_cls), mine["stats"]
+        batch = rows.from_dict(mine["batch"], dev)
+        return self.train(cfg, algo, run, batch, mine["stats"], lr, gen)
 
     def check(self, file, d, cfg, algo):
         """One line for the first fact the logged run does not share with this one, or a column

@@ -1,10 +1,48 @@
-"""Rows: prompts and gold answers as token ids, sampled responses, packed (prompt, answer)
-rows, a rollout record's rows joined or taken, and the prompt sampler that feeds rl.py."""
+"""Rows: the Rollout record rl.py trains on, prompts and gold answers as token ids, sampled
+responses, packed (prompt, answer) rows, a record's rows joined or taken, and the prompt sampler
+that feeds rl.py."""
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
 from data.tasks import format_answer, format_prompt
 from model import seeded
+
+
+@dataclass
+class Rollout:  # N = prompts x G samples, responses aligned at 0
+    ids: torch.Tensor  # (N, P+L) left-padded prompt, response, right padding
+    offsets: torch.Tensor  # (N,) left-pad count of each row
+    mask: torch.Tensor  # (N, L) 1 on the policy's tokens (EOS included), not the env's
+    mu: torch.Tensor  # (N, L) the sampler's log-probs
+    old_logp: torch.Tensor = None  # (N, L) pi_old: mu unless offpolicy.py recomputes it
+    reward: torch.Tensor = None  # (N,) what advantages read (docs/guides.md#words)
+    score: torch.Tensor = None  # (N,) the final score: the verifier's or the episode's
+    first_wrong: torch.Tensor = None  # (N,) CLIFF's first wrong token, or -1
+    length: torch.Tensor = None  # (N,) response tokens with EOS, the environment's too
+    finished: torch.Tensor = None  # (N,) ended with EOS
+    values: torch.Tensor = None  # (N, L) V_old: PPO's value head, VinePPO's branches
+    baseline: torch.Tensor = None  # (N,) ReMax: the greedy answer's reward
+    rm_reward: torch.Tensor = None  # (N,) the RM's raw score
+    turn_rewards: torch.Tensor = None  # (N, L) an environment's, at its turns' ends
+    turns: torch.Tensor = None  # (N,) an environment's turns
+    invalid: torch.Tensor = None  # (N,) the turns it could not take
+    version: torch.Tensor = None  # (N, L) async: each token's policy version
+    states: torch.Tensor = None  # (N, L) GiGPO: the state each turn starts from (an id)
+
+    def episode_return(self):
+        """(N,) the score plus the turns' rewards: the reward without shaping."""
+        return self.score if self.turn_rewards is None else self.score + self.turn_rewards.sum(1)
+
+
+def to_dict(batch):
+    """A queued rollout as plain tensors (weights_only checkpoints); None stays None."""
+    return batch and {k: v for k, v in vars(batch).items() if v is not None}
+
+
+def from_dict(d, dev):
+    return d and Rollout(**{k: v.to(dev) for k, v in d.items()})
 
 
 def encode_prompts(tok, prompts, reverse):
@@ -51,7 +89,7 @@ def pack(rows, pad_id):
 
 
 def cat(parts):
-    """One record (a dataclass of per-row tensors such as rl.Rollout) from several: the ids'
+    """One record (a dataclass of per-row tensors such as Rollout) from several: the ids'
     prompts left-padded to the longest (offsets follow), every (N, L) field right-padded."""
     P = max(p.ids.size(1) - p.mask.size(1) for p in parts)
     T = max(p.mask.size(1) for p in parts)

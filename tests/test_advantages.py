@@ -21,7 +21,7 @@ def _batch(reward, lengths, logps=None, **kw):
 
 
 def advantages(loss, G, batch, hp, ref_logp):
-    return rl.advantages(rl.Config(loss=loss, group_size=G), L.ALGOS[loss], hp, batch, ref_logp, None)
+    return rl.advantages(rl.Config(loss=loss, group_size=G), L.ALGOS[loss], hp, batch, ref_logp)
 
 
 def _pad(rows, junk):

@@ -148,7 +148,8 @@ def test_inflight_swaps_weights_between_decode_steps_and_keeps_the_cache():
     policy = asyncrl.InFlight(model, Source(model, new.state_dict(), at=3), inflight=True)
     policy.source.parent = os.getppid()
     prompt = [1, 2, 3]
-    out = generate(policy, [prompt], 8, eos_id=-1, pad_id=11, generator=torch.Generator().manual_seed(0))
+    out = asyncrl.stamped(generate, policy)(policy, [prompt], 8, eos_id=-1, pad_id=11,
+                                            generator=torch.Generator().manual_seed(0))
     L = out["logps"].size(1)
     assert L == 8 and out["version"].tolist() == [[0, 0, 0] + [1] * (L - 3)]
     assert policy.log == []  # each call's record is read and cleared: it would grow with the run

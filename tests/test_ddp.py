@@ -59,7 +59,8 @@ def one_update(model, tok, batch, loss, sgd=True, **kw):
     run, b = make_run(cfg, model), copy.copy(batch)
     run.opt = opt
     ref_lp, adv, inputs, _ = rl.prepare(cfg, L.ALGOS[loss], run, b)
-    rl.update(cfg, L.ALGOS[loss], run, b, adv, inputs, ref_lp, 1.0 if sgd else 1e-2, torch.Generator().manual_seed(0))
+    rl.update(cfg, L.ALGOS[loss], run, b, 1.0 if sgd else 1e-2, torch.Generator().manual_seed(0), adv=adv,
+              inputs=inputs, ref_lp=ref_lp)
     return opt
 
 

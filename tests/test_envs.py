@@ -19,17 +19,16 @@ from hypothesis import given, settings, strategies as st
 import losses as L
 import rl
 import sft
-from data.tasks import env_of, load_split, task_alphabet
 from envs import guess
 from model import GPT, GPTConfig, generate, logprobs
 from nanorl.episodes import Episodes, demo_rows, replay
-from nanorl.evaluate import Task
+from nanorl.evaluate import Task, env_of, task_alphabet
 from tests.test_rl import make_run
 from tests.test_tools import assert_no_leak, with_turn_credit
 from tokenizer import CharTokenizer
 
 GUESS = env_of("env:guess")
-TOK = CharTokenizer(task_alphabet("env:guess", load_split("env:guess", "test")))
+TOK = CharTokenizer(task_alphabet("env:guess", guess.splits()["test"]))
 PROMPT = TOK.encode(guess.PROMPT)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -112,7 +111,7 @@ def test_binary_search_is_the_limit():
 def test_every_demonstration_replays_through_the_environment():
     """All 20,000 train games: each guess is consistent and its answer the environment's; a game
     ends on the win or at 7 turns; the random consistent player wins about half (0.507)."""
-    problems = load_split("env:guess", "train")
+    problems = guess.splits()["train"]
     rows = demo_rows(GUESS, problems, TOK, False)
     wins = 0
     for (prompt, ids, mask), (_, answer) in zip(rows, problems):
@@ -255,7 +254,7 @@ def test_token_rows_see_every_turns_reward_at_its_position_across_the_gaps():
     turns' last), 0 at 2; the environment's positions skipped. REINFORCE++: the return-to-go."""
     b, g, lam = three_turns(), 0.9, 0.8
     hp = L.resolve_hparams("ppo", beta=0.0, gamma=g, lam=lam)
-    adv, extra = rl.token_advantages("gae", hp, b, b.reward, None, 1)
+    adv, extra = rl.token_kind(rl.Config(group_size=1), L.ALGOS["ppo"], hp, b, b.reward, None)
     r, v = [0.2, 0.0, 0.3, 1.5], [0.5, 0.4, 0.3, 0.6]  # the policy's tokens 0, 2, 3, 5
     a, nxt_a, nxt_v = [0.0] * 4, 0.0, 0.0
     for t in reversed(range(4)):
@@ -264,7 +263,7 @@ def test_token_rows_see_every_turns_reward_at_its_position_across_the_gaps():
     raw = torch.tensor([[a[0], 0, a[1], a[2], 0, a[3], 0]])
     torch.testing.assert_close(extra["value_targets"], torch.where(b.mask.bool(), raw + b.values, 0.0))
     torch.testing.assert_close(adv, L.whiten(raw, b.mask))
-    adv, _ = rl.token_advantages("rpp", L.resolve_hparams("reinforce_pp", beta=0.0), b, b.reward, None, 1)
+    adv, _ = rl.token_kind(rl.Config(group_size=1), L.ALGOS["reinforce_pp"], L.resolve_hparams("reinforce_pp", beta=0.0), b, b.reward, None)
     togo = torch.tensor([[2.0, 0, 1.8, 1.8, 0, 1.5, 0]])  # 0.2 + 0.3 + 1.5, ...
     torch.testing.assert_close(adv, L.whiten(togo, b.mask))
 
@@ -275,7 +274,7 @@ def test_sequence_rows_use_the_episode_return():
     two = rl.rows.cat([b, copy.deepcopy(b)])
     two.reward = torch.tensor([2.0, 1.0])  # 1 + (0.2 + 0.3 + 0.5); a loss with no reward at all
     adv, _ = rl.advantages(rl.Config(loss="grpo", group_size=2), L.ALGOS["grpo"],
-                           L.resolve_hparams("grpo"), two, None, None)
+                           L.resolve_hparams("grpo"), two, None)
     torch.testing.assert_close(adv, torch.tensor([1.0, -1.0]), atol=1e-5, rtol=0)
     assert b.episode_return().tolist() == [pytest.approx(2.0)]
 
@@ -283,7 +282,7 @@ def test_sequence_rows_use_the_episode_return():
 def test_rollout_puts_the_turns_rewards_in_the_return(monkeypatch):
     """rl.rollout on the game with process rewards: reward = the win + the turns' rewards, their
     sum at most 1 + 1; binary rows refuse an environment that pays every turn."""
-    task = Task(TOK, "env:guess", False, "exact", 0, load_split("env:guess", "test"), env_module=GUESS,
+    task = Task(TOK, "env:guess", False, "exact", 0, guess.splits()["test"], env_module=GUESS,
                 env_args={"process_reward": True})
     model = tiny_model()
     hook = biased(model, "0123456789|")
@@ -371,7 +370,7 @@ def test_observation_logits_of_every_turn_never_reach_a_loss_or_its_gradient(nam
         b.score = (b.score == 1).float()
     if L.ALGOS[name].binary:  # 0/1 rewards only
         b.turn_rewards, b.reward = torch.zeros_like(b.turn_rewards), b.score.clone()
-    gold = Task(TOK, "env:guess", False, "exact", 0, env_module=GUESS).gold_rows(load_split("env:guess", "test")[:8])
+    gold = Task(TOK, "env:guess", False, "exact", 0, env_module=GUESS).gold_rows(guess.splits()["test"][:8])
     with_turn_credit(b, name)  # VinePPO's values, GiGPO's states: any will do
     assert_no_leak(name, b, monkeypatch, model_fn=tiny_model, gold=gold)
 
@@ -380,7 +379,7 @@ def test_observation_logits_of_every_turn_never_reach_a_loss_or_its_gradient(nam
 def test_the_game_leak_test_fails_when_the_action_mask_is_ignored(name, monkeypatch):
     b = copy.deepcopy(game_rollout())
     b.mask = (torch.arange(b.mask.size(1)) < b.length[:, None]).long()  # (N, L) every token
-    gold = Task(TOK, "env:guess", False, "exact", 0, env_module=GUESS).gold_rows(load_split("env:guess", "test")[:8])
+    gold = Task(TOK, "env:guess", False, "exact", 0, env_module=GUESS).gold_rows(guess.splits()["test"][:8])
     with pytest.raises(AssertionError):
         assert_no_leak(name, b, monkeypatch, model_fn=tiny_model, gold=gold)
 

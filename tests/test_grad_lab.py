@@ -13,7 +13,8 @@ from bench import grad_lab as lab
 from nanorl.checkpoint import save_checkpoint
 from data.tasks import ALPHABET
 from nanorl.evaluate import Task
-from nanorl.pref import nll_loss, row_logps
+from losses import nll_loss
+from nanorl.pref import row_logps
 from nanorl.rows import gold_rows
 from model import GPT, GPTConfig
 from tokenizer import CharTokenizer

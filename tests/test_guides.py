@@ -21,11 +21,12 @@ logp, old = -torch.rand(3, 4, generator=g), -torch.rand(3, 4, generator=g)
 adv, mask = torch.tensor([1.0, -0.5, 2.0]), torch.tensor([[1, 1, 1, 0]] * 3)
 r, A = (logp - old).exp(), adv[:, None].expand(3, 4)
 want = -((r * A - A.abs() * (r - 1) ** 2 / 0.2)[:, :3]).mean()  # 2 spo_eps = 0.2
-got = L.LOSSES["spo"](logp, old, adv, mask, spo_eps=0.1)[0]
+def loss(name, *tensors, **knobs):  # the row's loss, its other knobs at the row's defaults
+    return L.algo_loss(L.ALGOS[name], L.resolve_hparams(name, **knobs), *tensors)[0]
+got = loss("spo", logp, old, adv, mask, spo_eps=0.1)
 torch.testing.assert_close(got, want)
 kw = dict(beta=0.0, eps_high=0.28)  # grpo_tm at dapo's clip and beta: dapo's loss
-torch.testing.assert_close(L.LOSSES["grpo_tm"](logp, old, adv, mask, **kw)[0],
-                           L.LOSSES["dapo"](logp, old, adv, mask)[0])
+torch.testing.assert_close(loss("grpo_tm", logp, old, adv, mask, **kw), loss("dapo", logp, old, adv, mask))
 assert rl.Config(loss="spo", spo_eps=0.1).spo_eps == 0.1
 print("ok")
 """

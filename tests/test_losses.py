@@ -4,15 +4,14 @@ import math
 import pytest
 import torch
 
-from losses import (ALGOS, DEFAULTS, LOSSES, adaptive_beta, clip_objective,
+from by_name import LOSSES
+from losses import (ALGOS, DEFAULTS, adaptive_beta, cliff_advantages, clip_objective,
                     gae, group_advantages, kl_estimate,
-                    kl_in_reward, masked_mean, masked_sum, prefix_prob, resolve_hparams,
+                    kl_in_reward, log1mexp, masked_mean, nll_loss, masked_sum, prefix_prob, resolve_hparams,
                     token_entropy, whiten)
 from model import token_logps
 from rl import explained_variance
-from nanorl.pref import log1mexp, nll_loss
 from nanorl.rm import bt_loss
-from nanorl.cliff import cliff_advantages
 from nanorl.cov import cov_select
 
 # the reference batch: two right-padded responses of lengths 3 and 2
@@ -595,7 +594,7 @@ def test_bradley_terry_one_sgd_step():
 
 
 def test_nll_baseline_is_the_token_mean_over_the_batch():
-    """pref.nll_loss (rl.py --loss=sft / rft): -sum m*logp / (all response tokens of the batch)."""
+    """losses.nll_loss (rl.py --loss=sft / rft): -sum m*logp / (all response tokens of the batch)."""
     logp = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, float("-inf")]], requires_grad=True)
     loss, stats = nll_loss(logp, MASK)
     assert loss.item() == pytest.approx((1.0 + 0.5 + 2.0 + 0.3 + 1.2) / 5) and float(stats["nll"]) == loss.item()

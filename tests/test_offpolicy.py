@@ -8,13 +8,13 @@ import pytest
 import torch
 
 import losses as L
+from by_name import LOSSES
 import rl
 from verify import VERIFIERS
 from nanorl.checkpoint import load_checkpoint, save_checkpoint
 from nanorl.config import UserError
 from test_reliability import rows, same_weights, signal_on_call
 from test_rl import TINY_RL, cli, run, sft_ckpt, tiny_batch, update_once, varied_reward  # noqa: F401
-from nanorl import distill
 from nanorl.offpolicy import rollout_weights
 from nanorl.loop import adamw
 
@@ -46,21 +46,20 @@ def test_rollout_weights_refuse_an_unknown_kind():
 def test_teacher_advantage_and_opd_by_hand():
     """A_t = -clamp(log mu - log pi_T, +-10): mu - teacher = [0.5, -12, 3] -> A = [-0.5, 10, -3]; at ratio 1
     opd's loss is -sum_t A_t / n_tokens and its gradient -A_t / n_tokens."""
-    from types import SimpleNamespace
     mu = torch.tensor([[-1.0, -13.0, -0.5], [-2.0, -0.1, 0.0]])
     teacher = torch.tensor([[-1.5, -1.0, -3.5], [-2.0, -0.3, -5.0]])
-    adv = distill.advantages(SimpleNamespace(old_logp=mu, mask=MASK), teacher)
+    adv = L.teacher_advantages(mu, teacher, MASK)
     torch.testing.assert_close(adv, torch.tensor([[-0.5, 10.0, -3.0], [0.0, -0.2, 0.0]]))
     logp = mu.clone().requires_grad_(True)
-    loss, stats = L.LOSSES["opd"](logp, mu, adv, MASK, n_tokens=10)
+    loss, stats = LOSSES["opd"](logp, mu, adv, MASK, n_tokens=10)
     loss.backward()
     assert loss.item() == pytest.approx(-6.3 / 10) and float(stats["ratio_max"]) == 1
     torch.testing.assert_close(logp.grad, -adv / 10)
     logp = torch.tensor([[-1.0 + math.log(2), -13.0, -0.5], [-2.0, -0.1, 0.0]])  # ratio 2 on token 0
-    assert L.LOSSES["opd"](logp, mu, adv, MASK)[0].item() == pytest.approx(-(2 * -0.5 + 10 - 3 - 0.2) / 5)
-    zero = distill.advantages(SimpleNamespace(old_logp=mu, mask=MASK), mu)  # the teacher is pi_old: no credit
+    assert LOSSES["opd"](logp, mu, adv, MASK)[0].item() == pytest.approx(-(2 * -0.5 + 10 - 3 - 0.2) / 5)
+    zero = L.teacher_advantages(mu, mu, MASK)  # the teacher is pi_old: no credit
     logp = mu.clone().requires_grad_(True)
-    loss, _ = L.LOSSES["opd"](logp, mu, zero, MASK)
+    loss, _ = LOSSES["opd"](logp, mu, zero, MASK)
     loss.backward()
     assert loss.item() == 0 and torch.equal(zero, torch.zeros(2, 3)) and not logp.grad.any()
 
@@ -86,9 +85,9 @@ def test_gkd_by_hand(beta, want, grad):
     z = torch.stack([P.log(), torch.tensor([5.0, -5.0, 0.0])])[None].requires_grad_(True)  # (1, 2, 3)
     zt = torch.stack([Q.log(), torch.tensor([-5.0, 5.0, 0.0])])[None]
     mask, lp = torch.tensor([[1, 0]]), torch.zeros(1, 2)
-    loss, _ = L.LOSSES["gkd"](lp, lp, torch.zeros(1), mask, logits=z, teacher_logits=zt, gkd_beta=beta)
+    loss, _ = LOSSES["gkd"](lp, lp, torch.zeros(1), mask, logits=z, teacher_logits=zt, gkd_beta=beta)
     assert loss.item() == pytest.approx(want, abs=1e-5)
-    assert L.LOSSES["gkd"](lp, lp, torch.zeros(1), mask, n_tokens=4, logits=z, teacher_logits=zt,
+    assert LOSSES["gkd"](lp, lp, torch.zeros(1), mask, n_tokens=4, logits=z, teacher_logits=zt,
                  gkd_beta=beta)[0].item() == pytest.approx(want / 4, abs=1e-5)
     loss.backward()
     if grad is not None:
@@ -101,7 +100,7 @@ def test_gkd_against_itself_is_zero_with_zero_gradient(beta):
     torch.manual_seed(0)
     z = torch.randn(2, 3, 16, requires_grad=True)
     lp = torch.zeros(2, 3)
-    loss, _ = L.LOSSES["gkd"](lp, lp, torch.zeros(2), MASK, logits=z, teacher_logits=z.detach(), gkd_beta=beta)
+    loss, _ = LOSSES["gkd"](lp, lp, torch.zeros(2), MASK, logits=z, teacher_logits=z.detach(), gkd_beta=beta)
     loss.backward()
     assert abs(loss.item()) < 1e-6 and z.grad.abs().max() < 1e-6
 
@@ -221,7 +220,7 @@ def test_staleness_trains_each_step_on_the_rollout_of_k_steps_earlier(sft_ckpt, 
                                                                        varied_reward):  # noqa: F811
     sampled, trained, collect, update = [], [], rl.collect, rl.update
     monkeypatch.setattr(rl, "collect", lambda *a, **k: sampled.append(collect(*a, **k)) or sampled[-1])
-    monkeypatch.setattr(rl, "update", lambda m, r, o, b, *a: trained.append(b) or update(m, r, o, b, *a))
+    monkeypatch.setattr(rl, "update", lambda m, r, o, b, *a, **k: trained.append(b) or update(m, r, o, b, *a, **k))
     _, out = run(sft_ckpt, tmp_path, staleness=2, max_iters=4, eval_interval=4, dynamic_sampling=False)
     assert len(sampled) == 4 and len(trained) == 2
     assert trained[0] is sampled[0][0] and trained[1] is sampled[1][0]  # step 3: step 1's; step 4: step 2's

@@ -129,5 +129,5 @@ def test_remax_scores_samples_and_their_greedy_baseline_on_one_scale(sft_ckpt, r
     idx = PromptSampler(len(task.train), 0, False).take(8)
     greedy = responses(rl.rollout(cfg, row, make_run(cfg, model, task), idx, None, 1, 0.0))
     same = torch.tensor([r == greedy[i // 4] for i, r in enumerate(responses(batch))])  # (32,)
-    adv, _ = rl.advantages(cfg, row, L.resolve_hparams("remax"), batch, None, None)
+    adv, _ = rl.advantages(cfg, row, L.resolve_hparams("remax"), batch, None)
     assert same.sum() >= 2 and (adv[same] == 0).all() and (adv[~same] != 0).any()

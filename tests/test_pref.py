@@ -19,27 +19,27 @@ LOG = lambda *p: torch.log(torch.tensor(p))  # noqa: E731
 
 
 def test_dpo_reference_numbers():
-    loss, _ = pref.dpo_loss(LOG(.5), LOG(.1), LOG(.25), LOG(.25), beta=1.0)
+    loss, _ = L.dpo_loss(LOG(.5), LOG(.1), LOG(.25), LOG(.25), beta=1.0)
     assert loss.item() == pytest.approx(0.182322, abs=1e-6)  # -log 5/6
     m = torch.zeros(1, requires_grad=True)
-    loss, stats = pref.dpo_loss(m, torch.zeros(1), torch.zeros(1), torch.zeros(1), beta=0.1)
+    loss, stats = L.dpo_loss(m, torch.zeros(1), torch.zeros(1), torch.zeros(1), beta=0.1)
     assert loss.item() == pytest.approx(math.log(2), abs=1e-7)
     loss.backward()
     assert -m.grad.item() == pytest.approx(0.05, abs=1e-7)  # -dL/dm = beta * sigmoid(0)
     assert float(stats["margin"]) == 0 and float(stats["pair_accuracy"]) == 0
-    ipo, _ = pref.dpo_loss(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.zeros(1), beta=0.1, kind="ipo")
+    ipo, _ = L.dpo_loss(torch.zeros(1), torch.zeros(1), torch.zeros(1), torch.zeros(1), beta=0.1, kind="ipo")
     assert ipo.item() == pytest.approx(25.0)  # (0 - 1/(2*0.1))^2
     with pytest.raises(ValueError, match="unknown DPO kind"):
-        pref.dpo_loss(m, m, m, m, kind="hinge")
+        L.dpo_loss(m, m, m, m, kind="hinge")
 
 
 def test_kto_reference_numbers():
     args = (torch.tensor([-3.0, -5.0]), torch.tensor([-3.5, -4.0]), torch.tensor([1, 0]),
             torch.tensor([-6.0, -7.0]), torch.tensor([-6.5, -7.2]))
-    loss, stats = pref.kto_loss(*args, beta=0.1)
+    loss, stats = L.kto_loss(*args, beta=0.1)
     assert loss.item() == pytest.approx(0.481276, abs=1e-6)
     assert float(stats["z"]) == pytest.approx(0.35)  # mean(0.5, 0.2), clamped at 0 from below
-    assert pref.kto_loss(*args, beta=1.0)[0].item() == pytest.approx(0.334220, abs=1e-6)
+    assert L.kto_loss(*args, beta=1.0)[0].item() == pytest.approx(0.334220, abs=1e-6)
 
 
 
@@ -60,7 +60,7 @@ def test_kto_asymmetric_lambdas_by_hand():
             -lam_d * beta * s[2] * (1 - s[2]) / 3]
     pi = torch.tensor([-3.0, -5.0, -4.0], requires_grad=True)
     pi_mis = torch.tensor([-6.0, -7.0], requires_grad=True)
-    loss, stats = pref.kto_loss(pi, torch.tensor([-3.5, -4.0, -4.6]), torch.tensor([1, 0, 1]), pi_mis,
+    loss, stats = L.kto_loss(pi, torch.tensor([-3.5, -4.0, -4.6]), torch.tensor([1, 0, 1]), pi_mis,
                              torch.tensor([-6.5, -7.2]), beta=beta, lambda_d=lam_d, lambda_u=lam_u)
     loss.backward()
     assert loss.item() == pytest.approx(want, abs=1e-6)
@@ -73,7 +73,7 @@ def test_kto_asymmetric_lambdas_by_hand():
 def test_kto_reference_point_is_clamped_at_zero():
     """The mismatched pairs' mean log-ratio (-0.25 here) is negative: z = max(0, -0.25) = 0, and the losses
     are 1 - sigmoid(beta r) (desirable, r = 0.5) and 1 - sigmoid(-beta r) (undesirable, r = -1.0)."""
-    loss, stats = pref.kto_loss(torch.tensor([-3.0, -5.0]), torch.tensor([-3.5, -4.0]), torch.tensor([1, 0]),
+    loss, stats = L.kto_loss(torch.tensor([-3.0, -5.0]), torch.tensor([-3.5, -4.0]), torch.tensor([1, 0]),
                              torch.tensor([-6.0, -7.5]), torch.tensor([-6.5, -7.5 + 1.0]), beta=0.5)
     assert float(stats["z"]) == 0.0
     assert loss.item() == pytest.approx((1 - _sigmoid(0.25) + 1 - _sigmoid(0.5)) / 2, abs=1e-6)
@@ -91,7 +91,7 @@ def test_conservative_dpo_by_hand_and_its_stats():
     m = [c - r for c, r in zip(chosen, rejected)]  # log 10, log 0.375
     want = sum(-(1 - eps) * math.log(_sigmoid(beta * x)) - eps * math.log(_sigmoid(-beta * x)) for x in m) / 2
     grad = [beta * (-(1 - eps) * (1 - _sigmoid(beta * x)) + eps * _sigmoid(beta * x)) / 2 for x in m]
-    loss, stats = pref.dpo_loss(pc, LOG(.1, .4), LOG(.25, .2), LOG(.5, .1), beta=beta, label_smoothing=eps)
+    loss, stats = L.dpo_loss(pc, LOG(.1, .4), LOG(.25, .2), LOG(.5, .1), beta=beta, label_smoothing=eps)
     loss.backward()
     assert loss.item() == pytest.approx(want, abs=1e-6) and pc.grad.tolist() == pytest.approx(grad, abs=1e-6)
     assert float(stats["chosen_reward"]) == pytest.approx(beta * sum(chosen) / 2, abs=1e-6)
@@ -111,7 +111,7 @@ def test_dpo_gradient_at_reference_is_half_beta_times_logprob_gradient_differenc
         return lp[:2, 0] + lp[2:, 1], lp[:2, 2] + lp[2:, 0]  # (2,) chosen / rejected sequence sums
 
     pc, pr = logps(w)
-    loss, _ = pref.dpo_loss(pc, pr, pc.detach(), pr.detach(), beta=0.1)
+    loss, _ = L.dpo_loss(pc, pr, pc.detach(), pr.detach(), beta=0.1)
     g = torch.autograd.grad(loss, w, retain_graph=True)[0]
     gc = torch.autograd.grad(pc.mean(), w, retain_graph=True)[0]
     gr = torch.autograd.grad(pr.mean(), w)[0]
@@ -125,7 +125,7 @@ def _tabular(kind, beta, steps=3000, **kw):
     opt = torch.optim.Adam([theta], lr=0.05)
     for _ in range(steps):
         lp = torch.log_softmax(theta, 0)
-        loss, _ = pref.dpo_loss(lp[:1], lp[1:2], ref[:1], ref[1:2], beta=beta, kind=kind, **kw)
+        loss, _ = L.dpo_loss(lp[:1], lp[1:2], ref[:1], ref[1:2], beta=beta, kind=kind, **kw)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -149,7 +149,7 @@ def test_kto_moves_desirable_up_undesirable_down_with_hand_computed_z():
         lp = torch.log_softmax(theta, 1)
         pi, rf = torch.stack([lp[0, 0], lp[1, 1]]), torch.stack([ref[0, 0], ref[1, 1]])
         pi_mis, ref_mis = torch.stack([lp[0, 1], lp[1, 0]]).detach(), torch.stack([ref[0, 1], ref[1, 0]])
-        loss, stats = pref.kto_loss(pi, rf, torch.tensor([1, 0]), pi_mis, ref_mis, beta=0.5)
+        loss, stats = L.kto_loss(pi, rf, torch.tensor([1, 0]), pi_mis, ref_mis, beta=0.5)
         z_hand = max(0.0, ((lp[0, 1] - ref[0, 1]) + (lp[1, 0] - ref[1, 0])).item() / 2)
         assert float(stats["z"]) == pytest.approx(z_hand, abs=1e-7)
         opt.zero_grad()
@@ -234,8 +234,8 @@ def test_preference_config_errors(sft_ckpt, tmp_path):  # noqa: F811
 
 def test_rpo_adds_the_chosen_per_token_nll():
     pc, pr, rc, rr = LOG(.5, .2), LOG(.1, .1), LOG(.25, .25), LOG(.25, .25)
-    base, _ = pref.dpo_loss(pc, pr, rc, rr, beta=1.0)
-    rpo, _ = pref.dpo_loss(pc, pr, rc, rr, beta=1.0, rpo_alpha=0.5, chosen_len=torch.tensor([2.0, 4.0]))
+    base, _ = L.dpo_loss(pc, pr, rc, rr, beta=1.0)
+    rpo, _ = L.dpo_loss(pc, pr, rc, rr, beta=1.0, rpo_alpha=0.5, chosen_len=torch.tensor([2.0, 4.0]))
     nll = (-math.log(.5) / 2 - math.log(.2) / 4) / 2  # mean over pairs of -pi_c / |y_c|
     assert rpo.item() == pytest.approx(base.item() + 0.5 * nll, abs=1e-6)
 
@@ -243,8 +243,8 @@ def test_rpo_adds_the_chosen_per_token_nll():
 def test_kto_rpo_adds_the_desirable_per_token_nll_only():
     pi, rf = LOG(.5, .2), LOG(.25, .25)
     args = (pi, rf, torch.tensor([1, 0]), LOG(.3, .3), rf)
-    base, _ = pref.kto_loss(*args, beta=1.0)
-    rpo, _ = pref.kto_loss(*args, beta=1.0, rpo_alpha=0.5, length=torch.tensor([2.0, 4.0]))
+    base, _ = L.kto_loss(*args, beta=1.0)
+    rpo, _ = L.kto_loss(*args, beta=1.0, rpo_alpha=0.5, length=torch.tensor([2.0, 4.0]))
     nll = (-math.log(.5) / 2 + 0.0) / 2  # mean over answers; the undesirable one adds no NLL
     assert rpo.item() == pytest.approx(base.item() + 0.5 * nll, abs=1e-6)
 
@@ -277,7 +277,7 @@ def test_reference_free_losses_by_hand(name, hp, loss, grad_c, grad_r, margin):
 def test_orpo_is_finite_where_an_answer_is_certain():
     # a = 0 (every token certain) would make log(1 - e^a) = -inf
     pc = torch.tensor([0.0, -1e-9], requires_grad=True)
-    out, _ = pref.orpo_loss(pc, torch.tensor([-3.0, -0.5]), torch.ones(2), torch.ones(2), lam=1.0)
+    out, _ = L.orpo_loss(pc, torch.tensor([-3.0, -0.5]), torch.ones(2), torch.ones(2), lam=1.0)
     out.backward()
     assert torch.isfinite(out) and torch.isfinite(pc.grad).all()
 

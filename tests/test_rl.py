@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import losses as L
+from by_name import LOSSES
 import rl
 from verify import VERIFIERS
 import sft
@@ -62,7 +63,7 @@ def update_once(cfg, model, b, teacher=None, lr=1e-2, gen=None):
     row, run, b = L.ALGOS[cfg.loss], make_run(cfg, model, teacher=teacher, lr=lr), copy.copy(b)
     ref_lp, adv, inputs, stats = rl.prepare(cfg, row, run, b)
     gen = gen or torch.Generator().manual_seed(0)
-    return run, {**stats, **rl.update(cfg, row, run, b, adv, inputs, ref_lp, lr, gen)}
+    return run, {**stats, **rl.update(cfg, row, run, b, lr, gen, adv=adv, inputs=inputs, ref_lp=ref_lp)}
 
 
 def char_task(train=None, reverse=True):
@@ -74,7 +75,7 @@ def char_task(train=None, reverse=True):
                 load_split("mul", "train") if train is None else train)
 
 
-@pytest.mark.parametrize("loss", sorted(L.LOSSES))
+@pytest.mark.parametrize("loss", sorted(LOSSES))
 def test_every_loss_runs_and_logs(sft_ckpt, tmp_path, loss, varied_reward):
     teacher = dict(teacher_ckpt=sft_ckpt) if "teacher" in L.ALGOS[loss].needs else {}  # opd, gkd
     res, rows = run(sft_ckpt, tmp_path, loss=loss, dynamic_sampling=False, **teacher)
@@ -169,7 +170,8 @@ def test_cli_errors(tmp_path):
 def test_sft_baseline_trains_on_gold_answers(sft_ckpt, tmp_path):
     """--loss=sft: pairs_per_step gold (prompt, answer + EOS) rows per step, per-token NLL; the NLL of
     gold answers of train problems falls from the SFT model's."""
-    from nanorl.pref import nll_loss, row_logps
+    from losses import nll_loss
+    from nanorl.pref import row_logps
     from nanorl.rows import gold_rows
     from data.tasks import ensure_data, load_problems
     from nanorl.checkpoint import model_from_checkpoint

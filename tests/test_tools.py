@@ -11,15 +11,16 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 import losses as L
+from by_name import LOSSES
 import model as M
 import rl
 import sft
-from data.tasks import env_of, format_prompt, load_split, task_alphabet
+from data.tasks import format_prompt, load_split
 from envs.calculator import CHARS, MAX_CALLS, MAX_DIGITS, calculator, demo
 from model import GPT, GPTConfig, generate, logprobs
 from nanorl import pref
 from nanorl.episodes import Episodes, replay
-from nanorl.evaluate import Task, env_metrics
+from nanorl.evaluate import Task, env_metrics, env_of, task_alphabet
 from rl import rollout_metrics
 from tests.test_rl import make_run
 from tokenizer import CharTokenizer
@@ -240,8 +241,8 @@ def loss_and_grads(name, b, monkeypatch, scale, model_fn=None, gold=None):
     if row.family == "pg":
         with torch.no_grad():
             ref_lp, adv, inputs, _ = rl.prepare(cfg, row, run, b)
-        loss, _ = rl.accumulate(cfg, row, run, b, adv, inputs, ref_lp, torch.arange(len(b.ids)),
-                                1024, True, torch.Generator().manual_seed(0))
+        loss, _ = rl.accumulate(cfg, row, run, b, torch.arange(len(b.ids)), 1024, torch.Generator().manual_seed(0),
+                                adv=adv, inputs=inputs, ref_lp=ref_lp, first=True)
     else:
         rows, labels = (gold, None) if row.data == "gold" else \
             pref.rollout_rows(b, row, cfg.group_size)
@@ -284,8 +285,8 @@ def test_the_token_mean_divides_by_the_policys_tokens_by_hand():
     cfg = rl.Config(loss="dapo", group_size=4, micro_batch_size=1024, overlong_window=0)
     run = make_run(cfg, tool_model(seed=3))
     ref_lp, adv, inputs, _ = rl.prepare(cfg, L.ALGOS["dapo"], run, b)
-    loss, _ = rl.accumulate(cfg, L.ALGOS["dapo"], run, b, adv, inputs, ref_lp, torch.arange(len(b.ids)),
-                            1024, False, None)
+    loss, _ = rl.accumulate(cfg, L.ALGOS["dapo"], run, b, torch.arange(len(b.ids)), 1024, None, adv=adv,
+                            inputs=inputs, ref_lp=ref_lp, first=False)
     acts = b.mask.sum(1).tolist()  # (N,) the policy's tokens of each row
     assert sum(acts) < b.length.sum().item()
     want = -sum(a * n for a, n in zip(adv.tolist(), acts)) / sum(acts)
@@ -443,7 +444,7 @@ def test_pnpo_counts_only_the_policys_tokens_by_hand():
     mask = torch.tensor([[1, 0, 0, 1, 1]])
     lp = torch.tensor([[-0.5, 9.0, 9.0, -1.5, -0.25]], requires_grad=True)  # env: junk
     old = torch.tensor([[-0.6, -9.0, -9.0, -1.6, -0.35]])
-    loss, _ = L.LOSSES["pnpo"](lp, old, torch.tensor([2.0]), mask, eps_low=0.2, eps_high=0.2)
+    loss, _ = LOSSES["pnpo"](lp, old, torch.tensor([2.0]), mask, eps_low=0.2, eps_high=0.2)
     loss.backward()
     w = torch.exp(torch.tensor(0.1)).item()
     assert loss.item() == pytest.approx(-w * 2.0 * (-0.5 - 1.5 - 0.25) / 3, abs=1e-6)

@@ -32,7 +32,7 @@ def test_vine_advantage_of_a_three_turn_episode_by_hand():
     want = torch.tensor([[a0, 0, a1, a1, 0, a2, 0]])
     torch.testing.assert_close(L.vine_advantages(r, b.values, b.mask), want)
     hp = L.resolve_hparams("vineppo", beta=0.0)  # the loop's: whitened over the policy's tokens
-    adv, inputs = rl.token_advantages("vine", hp, b, b.reward, None, 1)
+    adv, inputs = rl.token_kind(rl.Config(group_size=1), L.ALGOS["vineppo"], hp, b, b.reward, None)
     x = torch.tensor([a0, a1, a1, a2])
     x = (x - x.mean()) / x.std(correction=0)
     torch.testing.assert_close(adv, torch.tensor([[x[0], 0, x[1], x[2], 0, x[3], 0]]), atol=1e-5, rtol=0)
@@ -51,7 +51,7 @@ def test_gigpo_advantage_of_three_turn_episodes_by_hand():
     b.reward = b.score + b.turn_rewards.sum(1)
     b.states = torch.tensor([[0, 0, 1, 1, 0, 2, 0], [0, 0, 1, 1, 0, 3, 0]] * 2)
     hp = L.resolve_hparams("gigpo", beta=0.0, gamma=0.5, step_weight=1.0)
-    adv, _ = rl.token_advantages("step", hp, b, b.reward, None, 2)
+    adv, _ = rl.token_kind(rl.Config(group_size=2), L.ALGOS["gigpo"], hp, b, b.reward, None)
 
     def norm(x):  # population std, as GRPO's
         x = torch.tensor(x)
