@@ -196,15 +196,19 @@ def kl_estimate(logp, ref_logp, kind="k3"):
     return {"k1": -x, "k2": 0.5 * x * x, "k3": torch.expm1(x) - x}[kind]
 
 
+def last_token(mask):
+    """(B,) position of each row's last masked token (T - 1 in a row with none)."""
+    return mask.shape[1] - 1 - mask.flip(1).int().argmax(1)
+
+
 @torch.no_grad()
 def kl_in_reward(score, logp, ref_logp, mask, beta):
     """(B, T) token rewards: -beta k1 on every masked token, the (B,) score on the last one:
     maximising their sum maximises E[R] - beta KL (PPO, REINFORCE++)."""
     m = mask.bool()
     rewards = torch.where(m, -beta * kl_estimate(logp, ref_logp, "k1"), 0.0)  # (B, T)
-    last = m.shape[1] - 1 - m.flip(1).int().argmax(1)  # (B,) position of the last token
     rows = torch.arange(m.shape[0], device=m.device)
-    rewards[rows, last] += torch.where(m.any(1), score.to(rewards.dtype), 0.0)
+    rewards[rows, last_token(m)] += torch.where(m.any(1), score.to(rewards.dtype), 0.0)
     return rewards
 
 
@@ -525,8 +529,8 @@ def algo_loss(algo, hp, logp, old_logp, adv, mask, ref_logp=None, n_tokens=None,
 @dataclass(frozen=True)
 class Algo:  # a row: everything rl.py does for one --loss
     objective: Callable  # per token or per sequence (pg, clip, ...), or a pair loss
-    advantage: Optional[str]  # group_advantages' kind, first_wrong, gae, rpp, vine, step, greedy,
-    # teacher
+    advantage: Optional[str]  # group_advantages' kind, first_wrong, gae, rpp, vine, step_group,
+    # greedy, teacher
     kl: Optional[str]  # where beta's KL goes: "loss" (-beta KL), "reward" (-beta k1)
     agg: str  # what the loss divides by (aggregate)
     needs: tuple = ()  # values, teacher(_logits), greedy, group_correct, ref
@@ -548,7 +552,7 @@ class Algo:  # a row: everything rl.py does for one --loss
 
 
 COLUMNS = dict(advantage=(None, "std", "mean", "rloo", "maxrl", "first_wrong", "gae", "rpp",
-                          "rpp_baseline", "vine", "step", "greedy", "teacher"),
+                          "rpp_baseline", "vine", "step_group", "greedy", "teacher"),
                kl=(None, "loss", "reward"),
                agg=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                     "seq-mean-token-sum-norm", "pairs", "answers"),
@@ -595,7 +599,7 @@ ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
     "reinforce_pp_baseline": Algo(clip, "rpp_baseline", "reward", TOK, defaults=_RPP),
     "vineppo": Algo(clip, "vine", "reward", TOK,  # K branches from each turn's state
                     defaults=dict(eps_low=0.2, eps_high=0.2, beta=1e-4, branches=4)),
-    "gigpo": Algo(clip, "step", "loss", TOK,  # gamma: the step returns' discount
+    "gigpo": Algo(clip, "step_group", "loss", TOK,  # gamma: the step returns' discount
                   defaults=dict(_CLIP, beta=0.01, gamma=0.95, step_weight=1.0)),
     "remax": Algo(pg, "greedy", "reward", TOK, needs=("greedy",), **ON, defaults=dict(beta=0.0)),
     "opd": Algo(ratio_pg, "teacher", None, TOK, needs=("teacher",)),

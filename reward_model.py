@@ -52,7 +52,7 @@ class Config(TrainConfig):
 
 def scores(model, rows, pad_id, lik_coef):
     """rm_scores of [(prompt ids, answer ids)] -> scores (N,), log-probs and their mask (N, T-1)."""
-    ids, mask = (t.to(next(model.parameters()).device) for t in pack(rows, pad_id))
+    ids, _, mask = (t.to(next(model.parameters()).device) for t in pack(rows, pad_id))
     return *rm_scores(model, ids, mask, None, lik_coef), mask[:, 1:]
 
 

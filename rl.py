@@ -172,7 +172,7 @@ def collect(cfg, algo, run, gen):
 
 
 def advantages(cfg, algo, hp, batch, ref_lp):
-    """(N,) or (N, L) advantages of the row's kind (ADVANTAGES), and its objective's inputs."""
+    """(N,) or (N, L) advantages of the row's kind (ADVANTAGES), its objective's inputs"""
     R = batch.reward  # (N,) a token kind spreads beta's k1 over the tokens itself
     if algo.kl == "reward" and hp["beta"] and algo.advantage not in TOKEN_KINDS:
         R = losses.kl_in_reward(R, batch.old_logp, ref_lp, batch.mask, hp["beta"]).sum(1)
@@ -189,7 +189,7 @@ def group_kind(cfg, algo, hp, batch, R, ref_lp):
 
 
 def cliff_kind(cfg, algo, hp, batch, R, ref_lp):
-    """(N, L) CLIFF's: the group's advantages, split at each wrong answer's first wrong token."""
+    """(N, L) CLIFF's: the group's, split at a wrong answer's first wrong token."""
     G, L = cfg.group_size, batch.mask.size(1)
     adv = losses.cliff_advantages(R.view(-1, G), batch.first_wrong.view(-1, G),
                                   batch.mask.view(-1, G, L))
@@ -205,16 +205,16 @@ def token_kind(cfg, algo, hp, batch, R, ref_lp):
     m, turn_rewards = batch.mask, batch.turn_rewards  # (N, L) each; no environment: None
     if turn_rewards is not None:  # each turn's reward at its token, the rest at the last
         R = R - turn_rewards.sum(1)
-    beta = 0.0 if kind == "step" else hp["beta"]  # GiGPO's KL term: in the loss
+    beta = 0.0 if kind == "step_group" else hp["beta"]  # GiGPO's KL term: in the loss
     ref = ref_lp if beta else batch.old_logp  # beta 0: no KL term
     rewards = losses.kl_in_reward(R, batch.old_logp, ref, m, beta)
     if turn_rewards is not None:
         rewards = rewards + turn_rewards
-    if kind == "step":  # the episode's advantage in its group, the turn's in its step's
+    if kind == "step_group":  # the episode's advantage in its group + the turn's in its
         groups = torch.arange(len(m), device=m.device) // G  # (N,)
-        step = losses.step_advantages(rewards, batch.states, groups, m, hp["gamma"])
+        turn = losses.step_advantages(rewards, batch.states, groups, m, hp["gamma"])
         episode = losses.group_advantages(rewards.sum(1).view(-1, G), "std").flatten()
-        return torch.where(m.bool(), episode[:, None] + hp["step_weight"] * step, 0.0), {}
+        return torch.where(m.bool(), episode[:, None] + hp["step_weight"] * turn, 0.0), {}
     gae = kind == "gae"
     v = batch.values if gae else torch.zeros_like(rewards)  # V = 0, gamma = lam = 1
     gamma, lam = (hp["gamma"], hp["lam"]) if gae else (1.0, 1.0)
@@ -229,12 +229,12 @@ def token_kind(cfg, algo, hp, batch, R, ref_lp):
     return adv, (dict(old_values=v, value_targets=targets) if gae else {})
 
 
-TOKEN_KINDS = ("gae", "rpp", "rpp_baseline", *turns.KINDS)  # (N, L) advantages, KL per token
-ADVANTAGES = {  # Algo.advantage -> (cfg, algo, hp, batch, R, ref_lp) -> (advantages, inputs)
+TOKEN_KINDS = ("gae", "rpp", "rpp_baseline", *turns.KINDS)  # (N, L), their KL per token
+ADVANTAGES = {  # Algo.advantage -> f(cfg, algo, hp, batch, R, ref_lp) -> (adv, inputs)
     **dict.fromkeys(("std", "mean", "rloo", "maxrl"), group_kind),
     **dict.fromkeys(TOKEN_KINDS, token_kind),  # GAE, REINFORCE++, VinePPO, GiGPO
     "greedy": lambda cfg, algo, hp, batch, R, ref_lp: (R - batch.baseline, {}),  # ReMax
-    "first_wrong": cliff_kind}  # the distillation rows' (teacher, None): distill.advantages
+    "first_wrong": cliff_kind}  # distillation's (teacher, None): distill.advantages
 
 # -------------------- a step
 
@@ -250,19 +250,19 @@ def sample(cfg, algo, run, gen):
 
 
 def pg_step(cfg, algo, run, lr, gen):
-    """One step of a policy-gradient row: sample, then train on the rollout -> its stats,
-    averaged over ranks. The async sampler and --replay call train with rollouts of their own
-    (nanorl/asyncrl.py, nanorl/rollout_log.py)."""
+    """One step of a policy-gradient row: sample, then train on the rollout (or, with
+    --staleness=k, on the one of k steps ago) -> this step's sampling stats and the
+    update's, averaged over ranks. The async sampler and --replay call train with theirs."""
     batch, stats = sample(cfg, algo, run, gen)
-    if cfg.staleness:  # the off-policy lab: train on the rollout of staleness steps ago
-        old = offpolicy.stale(run.queue, batch, stats, cfg.staleness)  # (None, {}): filling
-        return {**train(cfg, algo, run, *old, lr, gen), **mean_over_ranks(stats)}  # this step's
+    if cfg.staleness:  # the off-policy lab: the rollout of k steps ago, or (None, {})
+        old = offpolicy.stale(run.queue, batch, stats, cfg.staleness)
+        return {**train(cfg, algo, run, *old, lr, gen), **mean_over_ranks(stats)}
     return train(cfg, algo, run, batch, stats, lr, gen)
 
 
 def train(cfg, algo, run, batch, sampled, lr, gen):
-    """An update on a Rollout (None on any rank: none), with its sampling stats -> those and
-    the update's, averaged over ranks."""
+    """Train on a Rollout (None on any rank: no update) with its sampling stats -> those
+    and the update's, averaged over ranks."""
     if all_reduce(float(batch is None), "max").item():  # on any rank: no update
         if cfg.log_rollouts < 0 and cfg.log_every == 1:  # a replayable log holds it too
             rollout_log.write(cfg, run, None, sampled, None, None)
@@ -270,8 +270,8 @@ def train(cfg, algo, run, batch, sampled, lr, gen):
     ref_lp, adv, inputs, lab = prepare(cfg, algo, run, batch)  # lab: the off-policy lab's
     if cfg.log_rollouts and (run.state.step + 1) % cfg.log_every == 0:
         rollout_log.write(cfg, run, batch, sampled, adv, ref_lp)  # nanorl/rollout_log.py
-    stats = {**sampled, **lab, **update(cfg, algo, run, batch, lr, gen, adv=adv, inputs=inputs,
-                                        ref_lp=ref_lp)}
+    stats = {**sampled, **lab, **update(cfg, algo, run, batch, lr, gen, adv=adv,
+                                        inputs=inputs, ref_lp=ref_lp)}
     stats = mean_over_ranks({**stats, **rollout_metrics(
         batch, ref_lp, inputs.get("value_targets"), run.hp.get("beta"))})
     if run.hp.get("kl_target"):  # PPO's adaptive KL controller, on every rank's rows
@@ -297,8 +297,8 @@ def explained_variance(values, targets, mask):
 
 
 def rollout_metrics(batch, ref_lp=None, value_targets=None, beta=None):
-    """A rollout's rl/ diagnostics: reward, accuracy, lengths (the policy's tokens), episodes;
-    the KL to the reference when it ran; PPO's value fit (its targets given); the RM's score."""
+    """A rollout's rl/ diagnostics: reward, accuracy, lengths (the policy's tokens),
+    episodes; the KL to the reference if it ran; PPO's value fit (given targets); RM's."""
     m, old = batch.mask, batch.old_logp  # (N, L) each
     out = {"rl/reward_mean": batch.reward.mean().item(),
            "rl/accuracy": (batch.score == 1).float().mean().item(),
@@ -313,7 +313,7 @@ def rollout_metrics(batch, ref_lp=None, value_targets=None, beta=None):
         out.update({"rl/explained_variance": ev, "rl/beta": beta, "rl/kl_k1_seq": k1,
                     "rl/values_mean": losses.masked_mean(batch.values, m).item(),
                     "rl/value_target_mean": losses.masked_mean(value_targets, m).item()})
-    if batch.turns is not None:  # an environment's episodes; their return: no overlong shaping
+    if batch.turns is not None:  # an environment's episodes; their return: unshaped
         invalid = batch.invalid.sum() / batch.turns.sum().clamp_min(1)
         out.update({"rl/turns": batch.turns.mean().item(), "rl/invalid_frac": invalid.item(),
                     "rl/env_token_frac": 1 - (m.sum() / batch.length.sum()).item(),
@@ -327,16 +327,16 @@ def rollout_metrics(batch, ref_lp=None, value_targets=None, beta=None):
 def prepare(cfg, algo, run, batch):
     """-> (ref log-probs for a KL term, advantages, the objective's inputs, the off-policy
     lab's stats)."""
-    ref_lp, stats = None, {}
+    max_rows, ref_lp, stats = cfg.micro_batch_size, None, {}
     if algo.kl and run.hp["beta"]:
         ref_lp = logprobs(run.ref, batch.ids, batch.offsets, batch.mask, cfg.temperature,
-                          max_rows=cfg.micro_batch_size)[0]
+                          max_rows=max_rows)[0]
     # the off-policy lab, and bf16: the sampler's mu is not the trainer's pi_old
     if cfg.staleness or cfg.sampler_bf16 or cfg.bf16:
         stats = offpolicy.recompute(run.model, batch, cfg)
     if "values" in algo.needs:  # PPO's V_old, as the update's forward computes V
         lp, head, _ = logprobs(unwrap(run.model), batch.ids, batch.offsets, batch.mask,
-                               cfg.temperature, scalar=True, max_rows=cfg.micro_batch_size)
+                               cfg.temperature, scalar=True, max_rows=max_rows)
         batch.values = torch.where(batch.mask.bool(), losses.prefix_value(head, lp), 0.0)
     if run.teacher is not None:  # distillation: from the teacher's log-probs [and logits]
         adv, inputs = distill.advantages(run.teacher, batch, cfg, algo)
@@ -348,9 +348,9 @@ def prepare(cfg, algo, run, batch):
 
 
 def update(cfg, algo, run, batch, lr, gen, adv, inputs, ref_lp):
-    """ppo_epochs x minibatches optimizer steps (updates); losses divide by the minibatch's
-    counts over all ranks, so micro-batches and ranks add up. Stats: each one's mean over the
-    updates that measured it (the sampler gap and the entropy: the first update's)."""
+    """ppo_epochs x minibatches updates; losses divide by the minibatch's counts over all
+    ranks, so micro-batches and ranks add up. Stats: each one's mean over the updates that
+    measured it (the sampler gap and the entropy: the first update's)."""
     N, G = len(batch.ids), cfg.group_size
     micro = max(G, cfg.micro_batch_size // G * G)  # micro-batches of whole groups
     fewest = int(all_reduce(N, "min").item())  # rows on the emptiest rank
@@ -365,12 +365,11 @@ def update(cfg, algo, run, batch, lr, gen, adv, inputs, ref_lp):
             run.opt.zero_grad()
             loss, stats = accumulate(cfg, algo, run, batch, mb, micro, gen, adv=adv,
                                      inputs=inputs, ref_lp=ref_lp, first=epoch == i == 0)
-            gnorm = loop.optimizer_step(unwrap(run.model), run.opt, loss, lr,
-                                        cfg.grad_clip, backward=False)
+            gnorm = loop.optimizer_step(run.model, run.opt, loss, lr, cfg.grad_clip)
             updates.append(stats)
-    # a rank's loss is its share of the batch's (it divides by every rank's counts): x ranks
-    return {**mean_of(updates), "rl/loss": loss.item() * world_size(),
-            "rl/grad_norm": gnorm.item(), "rl/lr": lr, "rl/n_tokens": batch.mask.sum().item()}
+    # each rank's loss is its share of the batch's (it divides by all counts): x ranks
+    last = {"rl/loss": loss.item() * world_size(), "rl/grad_norm": gnorm.item()}
+    return {**mean_of(updates), **last, "rl/lr": lr, "rl/n_tokens": batch.mask.sum().item()}
 
 
 def mean_of(updates):
@@ -382,7 +381,7 @@ def mean_of(updates):
 
 def accumulate(cfg, algo, run, batch, mb, micro, gen, adv, inputs, ref_lp, first):
     """Backward of minibatch mb in micro-batches -> (its loss, its stats)."""
-    n_tokens, n_seqs = all_reduce([batch.mask[mb].sum().item(), len(mb)]).clamp_min(1).tolist()
+    n_tokens, n_seqs = all_reduce([batch.mask[mb].sum(), len(mb)]).clamp_min(1).tolist()
     if algo.select:  # Clip-/KL-Cov: the tokens chosen over the minibatch
         chosen = torch.zeros_like(batch.mask, dtype=torch.bool)  # (N, L)
         chosen[mb] = cov.select(run.model, batch, mb, adv, run.hp, cfg, algo.select,
@@ -401,12 +400,12 @@ def accumulate(cfg, algo, run, batch, mb, micro, gen, adv, inputs, ref_lp, first
         if "teacher_logits" in algo.needs:  # the student's next-token distribution
             kw["logits"] = logits
         ref = None if ref_lp is None else ref_lp[ub]
-        loss, micro_stats = losses.algo_loss(algo, run.hp, lp, part.old_logp, adv[ub], m, ref,
-                                             n_tokens=n_tokens, n_seqs=n_seqs, **kw)
+        loss, micro_stats = losses.algo_loss(algo, run.hp, lp, part.old_logp, adv[ub], m,
+                                             ref, n_tokens=n_tokens, n_seqs=n_seqs, **kw)
         loss.backward()
         total += loss.detach()
         if first:  # the trainer against the sampler, where pi = pi_old
-            micro_stats.update(sampler_gap(lp.detach(), logits.detach(), part))
+            micro_stats.update(sampler_gap(lp.detach(), logits.detach(), part.mu, m))
         w = (m.sum() / batch.mask[mb].sum().clamp_min(1)).item()  # token-weighted means
         for k, v in micro_stats.items():
             if k in ("ratio_max", "logp_mismatch"):
@@ -416,11 +415,11 @@ def accumulate(cfg, algo, run, batch, mb, micro, gen, adv, inputs, ref_lp, first
     return total, stats
 
 
-def sampler_gap(lp, logits, part):
-    """The first update's entropy and |log pi - mu| (its max and mean): ratio 1 at k = 0."""
-    d = (lp - part.mu).abs() * part.mask  # (n, L)
-    return dict(logp_mismatch=d.max(), logp_mismatch_mean=losses.masked_mean(d, part.mask),
-                entropy=losses.masked_mean(losses.token_entropy(logits), part.mask))
+def sampler_gap(lp, logits, mu, m):
+    """The first update's entropy and |log pi - mu|, max and mean (its ratio is 1)."""
+    d = (lp - mu).abs() * m  # (n, L)
+    return dict(logp_mismatch=d.max(), logp_mismatch_mean=losses.masked_mean(d, m),
+                entropy=losses.masked_mean(losses.token_entropy(logits), m))
 
 # -------------------- setup, check, resume, save
 
@@ -453,7 +452,7 @@ def check(cfg):
         pref.check(cfg, algo)
     if "teacher" in algo.needs:  # distillation
         distill.check(cfg, algo)
-    pairs = algo.data in ("pairs", "labels")  # online, a group needs a right and a wrong answer
+    pairs = algo.data in ("pairs", "labels")  # online: a right and a wrong answer a group
     dynamic = cfg.dynamic_sampling and algo.family == "pg" and "teacher" not in algo.needs
     return replace(cfg, dynamic_sampling=pairs or dynamic), algo, hp
 
@@ -507,11 +506,11 @@ def save(cfg, run, run_config, name):
 # -------------------- the loop
 
 
-def evaluate(cfg, run):
-    """Rank 0's held-out eval (test and val) -> its metrics."""
+def evaluate(cfg, run, clock):
+    """Rank 0's held-out eval (test and val), logged -> its metrics."""
     gen = seeded(next(run.model.parameters()).device, "eval", cfg.seed, run.state.step)
-    m, examples = evaluate_policy(run.model, run.ref, run.task, cfg, gen)
-    return {**m, "perf/train_s": run.state.train_s, "eval/examples": examples}
+    m, shown = evaluate_policy(run.model, run.ref, run.task, cfg, gen)
+    return clock.log_eval({**m, "perf/train_s": run.state.train_s, "eval/examples": shown})
 
 
 def line(cfg, stats):
@@ -536,16 +535,16 @@ def main(cfg):
     if rank == 0:
         print(f"hparams: {run.hp}", flush=True)
     train_step = pg_step if algo.family == "pg" else pref_step
-    if cfg.replay or cfg.async_rollouts or cfg.inflight:  # train on a log's rollouts, or on
-        train_step = rollout_log.replay(cfg, algo, run, world, rank, train) if cfg.replay \
-            else asyncrl.Pipeline(cfg, run, rank, world, setup, sample, train)  # a sampler's
+    if cfg.replay or cfg.async_rollouts or cfg.inflight:  # a sampler process's or a log's
+        train_step = asyncrl.Pipeline(cfg, run, rank, world, setup, sample, train) \
+            if not cfg.replay else rollout_log.replay(cfg, algo, run, world, rank, train)
     hparams = {f"hparams/{k}": v for k, v in run.hp.items() if v is not None}
     with loop.Clock(cfg, run.state, rank, resolved={**run_config, "hparams": run.hp}) as clock:
         if not cfg.resume:
             clock.logger.log({"step": 0, **hparams})
         while True:  # at the top of step s: evaluate, save, stop, as every rank agrees
             now = clock.tick()
-            if now.evaluate and rank == 0 and clock.new_best(clock.log_eval(evaluate(cfg, run))):
+            if now.evaluate and rank == 0 and clock.new_best(evaluate(cfg, run, clock)):
                 save(cfg, run, run_config, "best.pt")
             if now.save:
                 save(cfg, run, run_config, "ckpt.pt")

@@ -19,9 +19,8 @@ import torch
 
 from data.tasks import format_prompt, parse_answer
 from model import generate
-from nanorl.checkpoint import load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError, run_cli
-from nanorl.evaluate import Task
+from nanorl.evaluate import load_policy
 from nanorl.rows import encode_prompts, responses
 
 
@@ -81,9 +80,8 @@ def main(cfg):
         raise UserError("give exactly one of --prompt=..., --prompts_file=... or --split=...")
     if cfg.answer and not cfg.prompt:
         raise UserError("--answer is --prompt's gold answer (a file's: prompt<TAB>answer lines)")
-    ckpt = load_checkpoint(cfg.ckpt)
-    model, tok = model_from_checkpoint(ckpt, cfg.ckpt)
-    task = Task.of(ckpt, cfg.ckpt, tok, cfg.env_args)  # its reverse, verifier, environment
+    model, task = load_policy(cfg.ckpt, False, "cpu", cfg.env_args)  # task: reverse, verifier, env
+    tok = task.tok
     cfg = replace(cfg, max_new_tokens=cfg.max_new_tokens or task.max_new_tokens)
     if cfg.split not in ("", "val", "test"):
         raise UserError(f"split must be val or test, got {cfg.split!r}")

@@ -19,7 +19,6 @@ from data.tasks import TASKS, labelled
 from model import GPT, GPTConfig, seeded
 from nanorl.config import UserError, run_cli
 from nanorl.ddp import all_reduce, bf16_default
-from nanorl.episodes import check_env
 from nanorl.evaluate import Task, env_of, evaluate, task_alphabet, task_splits, verifier_of
 from nanorl import bpe, loop
 from nanorl.loop import TrainConfig, start
@@ -77,7 +76,7 @@ def encode_split(task, problems, loss_on):
     rows = task.gold_rows(problems)
     if loss_on == "all":
         rows = [([], p + r, [1] * len(p) + (m[0] if m else [1] * len(r))) for p, r, *m in rows]
-    ids, mask = pack(rows, task.tok.pad_id)
+    ids, _, mask = pack(rows, task.tok.pad_id)
     return ids[:, :-1], ids[:, 1:], mask[:, 1:]
 
 
@@ -103,10 +102,7 @@ def load_task(cfg):
                         "problems")
     task = Task(tok, cfg.task, cfg.reverse, cfg.verifier or "exact", cfg.n_train, data["train"],
                 data["val"], data["test"], env_module=env_module, rg=cfg.rg, scorer=scorer)
-    if env_module:  # an environment: its Env keeps the contract
-        check_env(cfg.task, env_module, {}, data["train"][0][1])
-    if cfg.task not in TASKS:  # generated tasks are right by construction
-        task.check_data()
+    task.check_data()
     task.train = labelled(data["train"], cfg.n_train)  # rl.py's sft row reads n_train too
     prompts = [p for split in data.values() for p, _ in split]
     prompt = max(map(len, encode_prompts(tok, prompts, cfg.reverse)))

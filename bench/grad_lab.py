@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import losses as L  # noqa: E402
 import rl  # noqa: E402
 from nanorl.config import UserError, print_config, run_cli  # noqa: E402
-from nanorl.pref import pack_left  # noqa: E402
+from nanorl.rows import pack  # noqa: E402
 from nanorl.rows import PromptSampler, gold_rows  # noqa: E402
 from model import logprobs, seeded  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
@@ -65,7 +65,7 @@ def flat(grads, params):
 
 def exact_objective(model, tok, problems, reverse, temperature=1.0):
     """(J, grad J (D,)): J = mean over problems of pi_T(gold answer + EOS | prompt), teacher-forced."""
-    ids, offsets, mask = pack_left(gold_rows(tok, problems, reverse), tok.pad_id)  # (N, P+L), (N,), (N, L)
+    ids, offsets, mask = pack(gold_rows(tok, problems, reverse), tok.pad_id, left=True)  # (N, P+L), (N,), (N, L)
     J = logprobs(model, ids, offsets, mask, temperature)[0].sum(1).exp().mean()  # 0 off the mask
     params = policy_params(model)
     return J.item(), flat(torch.autograd.grad(J, params), params)

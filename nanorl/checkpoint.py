@@ -6,6 +6,7 @@ from dataclasses import asdict, replace
 import torch
 
 import tokenizer as tokenizers
+from data.tasks import atomic_write
 from model import GPT, CheckpointError, GPTConfig, one_line  # the errors: from_pretrained's too
 from nanorl import bpe
 
@@ -17,19 +18,12 @@ def unwrap(model):
 
 
 def save_checkpoint(path, model, optimizer=None, config=None, step=0, tokenizer=None, **extra):
-    """Plain data only (weights_only-loadable), written to a temp file, fsynced, then renamed: a
-    crash mid-write leaves the previous checkpoint whole. extra: more entries (run state, ...)."""
-    raw = unwrap(model)
-    ckpt = {"model": raw.state_dict(), "model_args": asdict(raw.config), "step": step,
+    """Plain data only (weights_only-loadable): the plain GPT's (never torch.compile's) and extra
+    entries (run state, ...), by atomic_write: a crash mid-write leaves the previous one whole."""
+    ckpt = {"model": model.state_dict(), "model_args": asdict(model.config), "step": step,
             "optimizer": optimizer and optimizer.state_dict(), "config": dict(config or {}),
             "tokenizer": tokenizer and tokenizer.to_dict(), **extra}
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(ckpt, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, lambda f: torch.save(ckpt, f), "wb")
 
 
 def load_checkpoint(path, hint="train one with: python sft.py configs/mul.py"):
@@ -46,7 +40,6 @@ def load_checkpoint(path, hint="train one with: python sft.py configs/mul.py"):
     if missing:
         raise CheckpointError(f"{path}: not a nanorl checkpoint (missing {', '.join(missing)})")
     return ckpt
-
 
 
 def ckpt_settings(ckpt, path, *keys):

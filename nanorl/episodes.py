@@ -119,13 +119,13 @@ class Episodes:
         return float(self.envs[r].score(None if final is None else
                                         format_prompt(final, self.reverse)))
 
-    def stats(self, rows=slice(None)):
+    def stats(self):
         """(turns, invalid turns), each (N,) float."""
-        return (torch.tensor(self.turns[rows], dtype=torch.float),
-                torch.tensor([e.invalid for e in self.envs[rows]], dtype=torch.float))
+        return (torch.tensor(self.turns, dtype=torch.float),
+                torch.tensor([e.invalid for e in self.envs], dtype=torch.float))
 
 
-def replay(module, answer, turns, final, tok, reverse):
+def play_demo(module, answer, turns, final, tok, reverse):
     """A demonstration played through a fresh episode -> (its response ids, action mask): the
     turns (normal order, each before its end) and the observations they get, then the final
     answer and EOS unless the environment ended the episode (EOS forced, action 0)."""
@@ -150,5 +150,5 @@ def demo_rows(module, problems, tok, reverse, seed=0):
     for i, (prompt, answer) in enumerate(problems):
         turns, final = module.demo(prompt, answer, random.Random(f"{seed}:{i}"))
         rows.append((tok.encode(format_prompt(prompt, reverse)),
-                     *replay(module, answer, turns, final, tok, reverse)))
+                     *play_demo(module, answer, turns, final, tok, reverse)))
     return rows

@@ -48,10 +48,7 @@ class Task:
                    max_new_tokens=ckpt["config"].get("max_new_tokens", 8))
         splits, task.scorer = task_splits(name, task.rg, getattr(tok, "chars", None))
         task.train, task.val, task.test = splits.values()
-        if task.env_module or task.env_args:  # environments: their contract, --env_args
-            check_env(name, task.env_module, task.env_args, task.train[0][1])
-        if name not in TASKS:  # generated tasks are right by construction
-            task.check_data()
+        task.check_data()
         return task
 
     @property
@@ -84,10 +81,13 @@ class Task:
         return self.verifier(text, problem[1], reverse=self.reverse)
 
     def check_data(self):
-        """Your own files' and rg: tasks' problems, as they load: every gold answer, written as the
-        model writes it, must score 1 (else one line: file:line and the verifier that takes it);
-        val or test prompts that reorder a train prompt's numbers and words get one warning."""
-        if self.env_module:  # an environment scores its own episodes
+        """The splits as they load. An environment keeps its Env contract and takes --env_args (it
+        scores its own episodes). Your own files' and rg: tasks' gold answers, written as the model
+        writes them, must score 1 (else one line: file:line and the verifier that takes it); val or
+        test prompts that reorder a train prompt's numbers and words get one warning."""
+        if self.env_module or self.env_args:
+            return check_env(self.name, self.env_module, self.env_args, self.train[0][1])
+        if self.name in TASKS:  # generated tasks are right by construction
             return
         for split in ("train", "val", "test"):
             for i, (prompt, gold) in enumerate(getattr(self, split)):
@@ -230,16 +230,15 @@ def evaluate(model, task, split, max_new_tokens, n_samples=0, temperature=1.0, k
             metrics[f"{prefix}/{pass_k_name(n_samples, kk)}"] = \
                 sum(pass_at_k(n_samples, int(c), min(kk, n_samples)) for c in right) / n
         if ref is not None:
-            outs = [out for _, out in outs]
             metrics.update(sample_kl(ref, outs, temperature, tok.eos_id, prefix))
     return metrics, examples
 
 
-def sample_kl(ref, outs, temperature, eos_id, prefix="eval"):
-    """generate's results -> the KL to ref (k3, a mean over the policy's tokens), the mean
-    response length (the policy's tokens, EOS included) and the share cut at max_new_tokens."""
+def sample_kl(ref, calls, temperature, eos_id, prefix):
+    """Sampler calls [(Episodes, generate's result)] -> the KL to ref (k3, a mean over the policy's
+    tokens), the mean response length (its tokens with EOS), the share cut at max_new_tokens."""
     kl, n_act, finished = 0.0, 0, []
-    for out in outs:
+    for _, out in calls:
         mask = out["action_mask"][:, out["prompt_len"]:]  # (n, L)
         ref_lp = logprobs(ref, out["ids"], out["offsets"], mask, temperature)[0]
         kl += losses.masked_sum(losses.kl_estimate(out["logps"], ref_lp, "k3"), mask).item()

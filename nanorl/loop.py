@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from data.tasks import atomic_write
 from nanorl.checkpoint import load_checkpoint, save_checkpoint
 from nanorl.config import UserError, check_bounds, print_config
 from nanorl.ddp import all_reduce, gather_objects, init_distributed, resolve_device, sync_grads
@@ -113,20 +114,19 @@ def adamw(model, lr, weight_decay, head_lr_scale=None):
     return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99), fused=True)  # one kernel
 
 
-def optimizer_step(model, opt, loss, lr, grad_clip, backward=True):
-    """Backward (unless the caller accumulated the gradients; loss is then their total), sum
-    the gradients over DDP ranks, refuse a NaN/inf (FloatingPointError naming the tensor),
-    clip, step at lr (times a group's lr_scale). Returns the gradient norm before clipping."""
+def optimizer_step(model, opt, loss, lr, grad_clip):
+    """After the caller's backward (loss: its total): sum the gradients over DDP ranks, refuse a
+    NaN/inf (FloatingPointError naming the tensor), clip, step at lr (times a group's lr_scale).
+    Returns the gradient norm before clipping."""
     for g in opt.param_groups:
         g["lr"] = lr * g.get("lr_scale", 1.0)
-    if backward:
-        opt.zero_grad()
-        loss.backward()
     sync_grads(model)  # each rank divides by the global counts: the sum is the batch's
     params = [p for p in model.parameters() if p.grad is not None]
     gnorm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    if not (torch.isfinite(loss) and torch.isfinite(gnorm)):
-        raise FloatingPointError(nonfinite(loss, model))
+    if not (torch.isfinite(loss) and torch.isfinite(gnorm)):  # the loss, else the first gradient
+        grads = ((n, p.grad) for n, p in model.named_parameters() if p.grad is not None)
+        bad = next((f"gradient of {n}" for n, g in grads if not torch.isfinite(g).all()), "")
+        raise FloatingPointError(bad if torch.isfinite(loss) else f"loss ({loss.item()})")
     torch.nn.utils.clip_grads_with_norm_(params, grad_clip or math.inf, gnorm)
     opt.step()
     return gnorm
@@ -138,16 +138,9 @@ def supervised_update(cfg, model, opt, state, stats, n_tok):
     with lr and gradient norm, every rank's tokens)."""
     total = all_reduce([float(v) for v in stats.values()] + [n_tok]).tolist()  # rank sums
     lr = lr_at(state.step, cfg)
-    gnorm = optimizer_step(model, opt, torch.tensor(total[0]), lr, cfg.grad_clip, backward=False)
+    gnorm = optimizer_step(model, opt, torch.tensor(total[0]), lr, cfg.grad_clip)
     return {**dict(zip(stats, total)), "train/lr": lr, "train/grad_norm": gnorm.item()}, total[-1]
 
-
-def nonfinite(loss, model):
-    """Name of the first non-finite tensor (the loss, then gradients in parameter order), or ''."""
-    if not torch.isfinite(loss):
-        return f"loss ({loss.item()})"
-    grads = ((n, p.grad) for n, p in model.named_parameters() if p.grad is not None)
-    return next((f"gradient of {n}" for n, g in grads if not torch.isfinite(g).all()), "")
 
 # -------------------------------------------------------------- checkpoints
 
@@ -200,9 +193,7 @@ def truncate_metrics(path, step):
         with contextlib.suppress(json.JSONDecodeError):  # a line half-written by a killed run
             if json.loads(line).get("step", 0) <= step:
                 keep.append(line.rstrip("\n") + "\n")
-    with open(path + ".tmp", "w") as f:
-        f.writelines(keep)
-    os.replace(path + ".tmp", path)
+    atomic_write(path, lambda f: f.writelines(keep))
 
 # -------------------------------------------------------------- metrics, the clock
 

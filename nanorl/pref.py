@@ -22,11 +22,10 @@ from data.tasks import (ALPHABET, DATA_DIR, DATA_SEED, TASKS, DataError, compute
                         labelled, problems_of, read_jsonl, split_pairs, write)
 from losses import nll_loss
 from model import logprobs
-from nanorl.checkpoint import unwrap
 from nanorl.config import UserError
 from nanorl.ddp import all_reduce, world_size
 from nanorl import loop
-from nanorl.rows import record_rows, responses
+from nanorl.rows import pack, record_rows, responses
 
 
 @dataclass
@@ -141,8 +140,7 @@ def step(cfg, algo, run, batch, lr):
     run.opt.zero_grad()
     loss, stats = rows_loss(run.compiled, run.ref, task.tok.pad_id, rows, labels, algo, run.hp,
                             cfg.micro_batch_size)
-    gnorm = loop.optimizer_step(unwrap(run.model), run.opt, loss, lr, cfg.grad_clip,
-                                backward=False)
+    gnorm = loop.optimizer_step(run.model, run.opt, loss, lr, cfg.grad_clip)
     return {**stats, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(), "rl/lr": lr}
 
 
@@ -164,23 +162,11 @@ def rollout_rows(batch, algo, G):
     return rows, (None if algo.data == "samples" else torch.arange(len(rows)) < len(rows) // 2)
 
 
-def pack_left(rows, pad_id):
-    """[(prompt ids, answer ids[, its action mask])] -> ids (N, P+L), prompts left-padded, their
-    offsets (N,) and the action mask (N, L): the rows as the sampler lays them out."""
-    P, T = max(len(p) for p, *_ in rows), max(len(r) for _, r, *_ in rows)
-    ids = torch.full((len(rows), P + T), pad_id, dtype=torch.long)  # (N, P+L)
-    mask = torch.zeros(len(rows), T, dtype=torch.long)  # (N, L)
-    for i, (p, r, *m) in enumerate(rows):
-        ids[i, P - len(p):P + len(r)] = torch.tensor(p + r)
-        mask[i, :len(r)] = torch.tensor(m[0] if m else [1] * len(r))
-    return ids, torch.tensor([P - len(p) for p, *_ in rows]), mask
-
-
 def row_logps(model, rows, pad_id, max_rows=None):
     """(logp, mask), both (N, L): the answer tokens' log-probs of (prompt, answer) rows, at most
     max_rows rows a forward."""
     dev = next(model.parameters()).device
-    ids, offsets, mask = (t.to(dev) for t in pack_left(rows, pad_id))
+    ids, offsets, mask = (t.to(dev) for t in pack(rows, pad_id, left=True))
     return logprobs(model, ids, offsets, mask, max_rows=max_rows)[0], mask
 
 
@@ -197,7 +183,7 @@ def rows_loss(model, ref, pad_id, rows, labels, algo, hp, max_rows=None):
     pairs (answer i+1 after prompt i), per rank."""
     pairs = algo.data == "pairs"
     n = len(rows) // 2 if pairs else len(rows)  # this rank's units
-    length = pack_left(rows, pad_id)[2].sum(1).float()  # (N,) |y|: the policy's tokens
+    length = pack(rows, pad_id, left=True)[2].sum(1).float()  # (N,) |y|: the policy's tokens
     with torch.no_grad():
         ref_lp = seq_logps(ref, rows, pad_id, max_rows) if "ref" in algo.needs else None  # (N,)
         if algo.data == "labels":

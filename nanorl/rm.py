@@ -9,6 +9,7 @@ import torch
 
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError
+from losses import last_token
 from model import token_logps
 
 
@@ -25,7 +26,7 @@ def rm_scores(model, ids, response_mask, offsets, lik_coef):
     under the model's own LM head. Returns the scores (N,) and the answer's log-probs (N, T-1)."""
     logits, s = model(ids, offsets, return_scalar=True)  # (N, T, V), (N, T)
     logp = token_logps(logits[:, :-1], ids[:, 1:], response_mask[:, 1:])  # (N, T-1)
-    last = response_mask.shape[1] - 1 - response_mask.flip(1).argmax(1)  # (N,) last answer token
+    last = last_token(response_mask)  # (N,) the answer's last token: a finished one's EOS
     return s[torch.arange(len(ids), device=ids.device), last] + lik_coef * logp.sum(1), logp
 
 

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 import losses
-from data.tasks import format_prompt
+from data.tasks import atomic_write, format_prompt
 from nanorl import rows
 from nanorl.config import UserError
 from nanorl.ddp import gather_objects
@@ -48,7 +48,7 @@ from nanorl.ddp import gather_objects
 # it needs a log of a row of the same advantage
 COLUMNS = {"first_wrong": "first_wrong, CLIFF's first wrong token",
            "greedy": "baseline, ReMax's greedy answer's reward",
-           "vine": "values, VinePPO's branch values", "step": "states, GiGPO's turn states"}
+           "vine": "values, VinePPO's branch values", "step_group": "states, GiGPO's turn states"}
 
 
 @dataclass
@@ -81,13 +81,6 @@ def replay(cfg, algo, run, world, rank, train):
 
 def path(folder, step, ext):
     return os.path.join(folder, f"step_{step:06d}.{ext}")
-
-
-def atomic(target, write):
-    """write(tmp path) then rename: a reader finds the whole file or none."""
-    tmp = target + ".tmp"
-    write(tmp)
-    os.replace(tmp, target)
 
 
 def records(task, batch, adv, ref_lp, step, version, G):
@@ -142,16 +135,12 @@ def write(cfg, run, batch, stats, adv, ref_lp):
         share["batch"] = share["batch"] and {k: v[:len(kept)] for k, v in share["batch"].items()}
         left, offset = left - len(kept), offset + share["rows"]
     folder = os.path.join(cfg.out_dir, "rollouts")
-    os.makedirs(folder, exist_ok=True)
-
-    def jsonl(tmp):
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in recs)
-    atomic(path(folder, step, "jsonl"), jsonl)
+    atomic_write(path(folder, step, "jsonl"),
+                 lambda f: f.writelines(json.dumps(r) + "\n" for r in recs))
     logged = {"step": step, "whole": len(recs) == offset, "loss": cfg.loss,
               "facts": facts(cfg, run, len(ranks)),
               "ranks": [{"batch": share["batch"], "stats": share["stats"]} for share in ranks]}
-    atomic(path(folder, step, "pt"), lambda tmp: torch.save(logged, tmp))
+    atomic_write(path(folder, step, "pt"), lambda f: torch.save(logged, f), "wb")
     if cfg.wandb and recs:  # the same rows as a wandb Table (TRL's log_completions)
         wandb_table(recs, step)
 
@@ -176,8 +165,8 @@ def load(file):
         assert isinstance(d, dict) and {"step", "whole", "loss", "facts", "ranks"} <= set(d)
     except Exception as e:
         raise UserError(f"{file}: not a whole rollout log file ({type(e).__name__}); was its "
-                        "run killed while writing it, or written before this version? (a .tmp "
-                        "file is a partial one)") from None
+                        "run killed while writing it, or written before this version? (a "
+                        ".tmp.<pid> file is a partial one)") from None
     return d
 
 

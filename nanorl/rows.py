@@ -76,16 +76,20 @@ def record_rows(tok, recs, reverse):
     return gold_rows(tok, pairs, reverse), None
 
 
-def pack(rows, pad_id):
-    """[(prompt ids, response ids[, its action mask])] -> ids (N, T) right-padded, each row from
-    position 0 as in SFT, and the mask (N, T): 1 on the response tokens the policy writes."""
-    T = max(len(p) + len(r) for p, r, *_ in rows)
+def pack(rows, pad_id, left=False):
+    """[(prompt ids, response ids[, its action mask])] -> ids (N, T) right-padded, each row's
+    left-pad count (N,) and the mask (N, T): 1 on the response tokens the policy writes. Rows
+    start at position 0 as in SFT, or (left) their prompts end at the longest prompt's end P, as
+    the sampler lays them out, and the mask is the responses' (N, T - P)."""
+    P = max(len(p) for p, *_ in rows) if left else 0
+    pads = [P - len(p) if left else 0 for p, *_ in rows]
+    T = max(k + len(p) + len(r) for k, (p, r, *_) in zip(pads, rows))
     ids = torch.full((len(rows), T), pad_id, dtype=torch.long)  # (N, T)
     mask = torch.zeros(len(rows), T, dtype=torch.long)  # (N, T)
-    for i, (p, r, *m) in enumerate(rows):
-        ids[i, :len(p) + len(r)] = torch.tensor(p + r)
-        mask[i, len(p):len(p) + len(r)] = torch.tensor(m[0] if m else [1] * len(r))
-    return ids, mask
+    for i, (k, (p, r, *m)) in enumerate(zip(pads, rows)):
+        ids[i, k:k + len(p) + len(r)] = torch.tensor(p + r)
+        mask[i, k + len(p):k + len(p) + len(r)] = torch.tensor(m[0] if m else [1] * len(r))
+    return ids, torch.tensor(pads), mask[:, P:]
 
 
 def cat(parts):

@@ -15,14 +15,15 @@ from model import generate
 from nanorl import rows
 from nanorl.config import UserError
 
-KINDS = ("vine", "step")  # the advantages of losses.ALGOS that read a turn's credit
+KINDS = ("vine", "step_group")  # the advantages of losses.ALGOS that read a turn's credit
 
 
 def check(cfg, algo, task):
     """One line for a task or a flag the turns' credit cannot take."""
-    if algo.advantage == "step" and task.env_module and not hasattr(task.env_module.Env, "state"):
+    env = task.env_module
+    if algo.advantage == "step_group" and env and not hasattr(env.Env, "state"):
         raise UserError(f"{cfg.loss} groups turns by the environment's state: "
-                        f"{task.env_module.__name__}.Env has no state() method")
+                        f"{env.__name__}.Env has no state() method")
     if algo.advantage == "vine" and cfg.branches is not None and cfg.branches < 1:
         raise UserError(f"branches must be >= 1, got {cfg.branches}")
     if algo.advantage == "vine" and (cfg.reward != "verifier" or cfg.overlong_window):
@@ -41,7 +42,7 @@ def credit(cfg, algo, run, batch, idx, flat, gen):
     episodes = task.episodes(problems, G)  # fresh environments (None without one)
     turns = [episodes.retake(r, i, a) if episodes else [(0, None)]
              for r, (i, a) in enumerate(zip(ids, acts))]  # [(start, state)] a row
-    if algo.advantage == "step":  # GiGPO: a state's id, the same for a group's equal states
+    if algo.advantage == "step_group":  # GiGPO: a state's id, the same for a group's equal states
         names = {}
         states = [[names.setdefault((r // G, s), len(names)) for _, s in row]
                   for r, row in enumerate(turns)]

@@ -68,21 +68,20 @@ def read(file):
         raise SystemExit(f"error: {file}: not a whole rollout log ({type(e).__name__})") from None
 
 
-def show(records, color=True, out=None):
-    """A step's records, group by group (to out, or stdout). Every line from the log passes
-    shown() (its prompts already as repr), so only the viewer's colours reach the terminal."""
-    out = out or sys.stdout
+def show(records, color=True):
+    """A step's records, group by group. Every line from the log passes shown() (its prompts
+    already as repr), so only the viewer's colours reach the terminal."""
     groups = {}
     for r in records:
         groups.setdefault(r["group"], []).append(r)
     if any(r.get("reversed") for r in records):  # a log written before the key: not reversed
-        print(shown(f"step {records[0]['step']}: {DIGITS}"), file=out)
+        print(shown(f"step {records[0]['step']}: {DIGITS}"))
     for g, rows in groups.items():
         rewards = " ".join(f"{r['reward']:.2f}" for r in rows)
         first = rows[0]
         normal = f" ({first['prompt_normal']!r})" if first.get("reversed") else ""
         print(shown(f"step {first['step']} (version {first['version']}) group {g}: "
-                    f"{first['prompt']!r}{normal}  rewards {rewards}"), file=out)
+                    f"{first['prompt']!r}{normal}  rewards {rewards}"))
         for r in rows:
             turns = "" if r["turns"] is None else f" turns {r['turns']}"
             cut = " truncated" if r["truncated"] else ""
@@ -90,10 +89,10 @@ def show(records, color=True, out=None):
             line = "".join(paint(t, color) for t in r["tokens"])
             if r.get("reversed"):
                 line += shown(f" ({r['response_normal']!r})")
-            print(head + line, file=out)
+            print(head + line)
             for t in (t for t in r["tokens"] if surprising(t)):
                 print(shown(f"      surprising {t['text']!r}: mu {t['mu']:.2f} "
-                            f"pi_old {t['old']:.2f} adv {t['adv']:+.3f}"), file=out)
+                            f"pi_old {t['old']:.2f} adv {t['adv']:+.3f}"))
 
 
 PAGE = r"""<!doctype html><html><head><meta charset="utf-8">

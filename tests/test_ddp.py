@@ -54,7 +54,7 @@ def one_update(model, tok, batch, loss, sgd=True, **kw):
         row, ref = L.ALGOS[loss if loss == "dpo" else "rft"], copy.deepcopy(model).requires_grad_(False)
         rows, labels = pref.rollout_rows(batch, row, G)
         loss, _ = pref.rows_loss(model, ref, tok.pad_id, rows, labels, row, L.resolve_hparams(row_name(row)))
-        optimizer_step(model, opt, loss, 1.0, cfg.grad_clip, backward=False)
+        optimizer_step(model, opt, loss, 1.0, cfg.grad_clip)
         return opt
     run, b = make_run(cfg, model), copy.copy(batch)
     run.opt = opt

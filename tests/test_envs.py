@@ -21,7 +21,7 @@ import rl
 import sft
 from envs import guess
 from model import GPT, GPTConfig, generate, logprobs
-from nanorl.episodes import Episodes, demo_rows, replay
+from nanorl.episodes import Episodes, demo_rows, play_demo
 from nanorl.evaluate import Task, env_of, task_alphabet
 from tests.test_rl import make_run
 from tests.test_tools import assert_no_leak, with_turn_credit
@@ -230,7 +230,7 @@ def test_observations_are_cut_to_max_obs_and_episodes_end_after_max_turns():
     env = Episodes(SimpleNamespace(Env=Chatty), ["1"], 1, TOK, False, {})
     assert play(env, 0, ["1", "2", "3"]) == "1|<<2|<<3|<<<eos>"
     assert env.turns == [3]
-    ids, mask = replay(SimpleNamespace(Env=Chatty), "1", ["1", "2", "3", "4"], "5", TOK, False)
+    ids, mask = play_demo(SimpleNamespace(Env=Chatty), "1", ["1", "2", "3", "4"], "5", TOK, False)
     assert TOK.decode(ids) == "1|<<2|<<3|<<" and mask == [1, 1, 0, 0] * 3 + [0]
 
 

@@ -1,14 +1,8 @@
 """One word, one meaning (docs/guides.md#words): names the glossary rules out, checked over the code
 outside tests/ and bench/ (every .py file, parsed; a local is any name a function binds: an
-assignment, a loop or `with` target, a parameter).
-
-Rules for renames in progress, by name (rl.py's, the lead's): each fails until its rename lands.
-    prepared      a stats dict in rl.py: gone
-    steps         one optimizer step's stats in rl.update: `updates`
-    online_pairs  rl.check's flag: removed
-    got           two meanings on two consecutive lines of nanorl/turns.py (now `need`,
-                  `branched`); nanorl/rollout_log.py's gathered ranks still bind it
-"""
+assignment, a loop or `with` target, a parameter). The names banned came from a review: `prepared`
+(a stats dict), `steps` (the updates' stats), `online_pairs` (true for offline rows too) and `got`
+(two meanings on two consecutive lines of nanorl/turns.py)."""
 import ast
 import re
 from pathlib import Path
@@ -29,8 +23,7 @@ BANNED = {  # a local never takes this name: why
     "iterations": "the glossary's word is step (an optimizer step: update)",
 }
 # (file, name): a local that takes the name of a function of its own module, there before the rule
-SHADOWS = {("losses.py", "loss"), ("nanorl/loop.py", "save"), ("nanorl/rollout_log.py", "facts"),
-           ("nanorl/rollout_log.py", "write")}
+SHADOWS = {("losses.py", "loss"), ("nanorl/loop.py", "save"), ("nanorl/rollout_log.py", "facts")}
 
 
 def sources():
@@ -72,6 +65,12 @@ def test_steps_never_holds_optimizer_steps():
     found = [f"{path}:{line} in {fn}()" for path in ("rl.py", "losses.py")
              for fn, local, line in locals_of(CODE[path]) if local == "steps"]
     assert not found, found
+
+
+def test_step_is_the_loops_step():
+    """GiGPO's advantage kind is its step group (a group's turns from one state), not a step."""
+    import losses
+    assert "step" not in losses.COLUMNS["advantage"] and "step_group" in losses.COLUMNS["advantage"]
 
 
 def test_a_local_never_takes_the_name_of_a_function_of_its_module():

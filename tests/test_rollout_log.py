@@ -3,6 +3,7 @@ fields against the Rollout and the advantages the update took, exactly; a row's 
 its sequence; replay gives the logged run's weights bit for bit (GRPO, PPO, the game); a corrupt or
 partial file is one line naming it; a run killed while writing leaves whole files only."""
 import json
+import os
 
 import pytest
 import torch
@@ -123,7 +124,7 @@ def test_replay_misuse_and_damaged_files_are_one_line(sft_ckpt, tmp_path, varied
 
 
 def test_a_run_killed_while_writing_leaves_whole_files(sft_ckpt, tmp_path, monkeypatch, varied_reward):  # noqa: F811
-    """The second step's write dies half-way: step 1's files load, step 2 left only a .tmp."""
+    """The second step's write dies half-way: step 1's files load, step 2 left only a .tmp.<pid>."""
     real = json.dumps
 
     def dying(obj, *a, **k):
@@ -135,7 +136,7 @@ def test_a_run_killed_while_writing_leaves_whole_files(sft_ckpt, tmp_path, monke
         rl.main(rl.Config(out_dir=str(tmp_path), sft_ckpt=sft_ckpt, **{**TINY_RL, "max_iters": 3},
                           dynamic_sampling=False, **EVERY))
     names = sorted(p.name for p in (tmp_path / "rollouts").iterdir())
-    assert names == ["step_000001.jsonl", "step_000001.pt", "step_000002.jsonl.tmp"]
+    assert names == ["step_000001.jsonl", "step_000001.pt", f"step_000002.jsonl.tmp.{os.getpid()}"]
     recs, pt = logged(tmp_path, 1)
     assert len(recs) == 16 and pt["whole"]
 

@@ -19,7 +19,7 @@ from data.tasks import format_prompt, load_split
 from envs.calculator import CHARS, MAX_CALLS, MAX_DIGITS, calculator, demo
 from model import GPT, GPTConfig, generate, logprobs
 from nanorl import pref
-from nanorl.episodes import Episodes, replay
+from nanorl.episodes import Episodes, play_demo
 from nanorl.evaluate import Task, env_metrics, env_of, task_alphabet
 from rl import rollout_metrics
 from tests.test_rl import make_run
@@ -104,7 +104,7 @@ def test_every_trace_replays_through_the_calculator(reverse):
             text = trace(p, a)
             calls = CALL.findall(text)
             assert len(calls) == MAX_CALLS and all(calculator(e) == r for e, r in calls)
-            ids, mask = replay(CALC, a, *demo(p, a), TOK, reverse)
+            ids, mask = play_demo(CALC, a, *demo(p, a), TOK, reverse)
             assert ids == TOK.encode(format_prompt(text, reverse)) + [TOK.eos_id]
             assert CALC.Env(a).score(text.rpartition("}")[2]) == 1.0
 
@@ -215,7 +215,7 @@ def env_noise(monkeypatch, responses, scale):
 
 def with_turn_credit(b, name):
     """b with the per-turn inputs a row of nanorl/turns.py reads (values, state ids), if it reads them."""
-    if L.ALGOS[name].advantage in ("vine", "step"):
+    if L.ALGOS[name].advantage in ("vine", "step_group"):
         b.values = torch.rand(b.mask.shape, generator=torch.Generator().manual_seed(0))  # (N, L)
         b.states = L.turn_index(b.mask).clamp_min(0)  # (N, L) the turn: a state each
     return b
