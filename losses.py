@@ -419,8 +419,7 @@ def gkd(logp, old_logp, adv, m, hp, logits, teacher_logits):
     return -div, _stats(torch.exp(logp - old_logp), m)
 
 
-# preference and supervised objectives (nanorl/pref.py feeds them): (B,) sums of response
-# log-probs -> (loss, stats)
+# preference and supervised objectives: (B,) sums of response log-probs (pref.py) -> (loss, stats)
 
 
 def dpo_loss(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta=0.1, kind="sigmoid",

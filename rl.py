@@ -24,7 +24,6 @@ import losses
 from model import generate, logprobs, seeded
 from nanorl import (asyncrl, cliff, cov, distill, loop, offpolicy, pref, remax, rm, rollout_log,
                     rows, turns)
-from nanorl.checkpoint import unwrap
 from nanorl.config import UserError, check_bounds, run_cli
 from nanorl.ddp import all_reduce, bf16_default, mean_over_ranks, world_size
 from nanorl.evaluate import Task, evaluate_policy, load_policy
@@ -335,7 +334,7 @@ def prepare(cfg, algo, run, batch):
     if cfg.staleness or cfg.sampler_bf16 or cfg.bf16:
         stats = offpolicy.recompute(run.model, batch, cfg)
     if "values" in algo.needs:  # PPO's V_old, as the update's forward computes V
-        lp, head, _ = logprobs(unwrap(run.model), batch.ids, batch.offsets, batch.mask,
+        lp, head, _ = logprobs(run.model, batch.ids, batch.offsets, batch.mask,
                                cfg.temperature, scalar=True, max_rows=max_rows)
         batch.values = torch.where(batch.mask.bool(), losses.prefix_value(head, lp), 0.0)
     if run.teacher is not None:  # distillation: from the teacher's log-probs [and logits]

@@ -61,10 +61,20 @@ def is_binary_search(secret, guesses):
     return True
 
 
+def binary_search(secret):
+    """The limit: turns to find the secret by always guessing the middle."""
+    lo, hi = guess.LO, guess.HI
+    for turn in range(1, 100):
+        g = (lo + hi) // 2
+        if g == secret:
+            return turn
+        lo, hi = (g + 1, hi) if g < secret else (lo, g - 1)
+
+
 def main(argv):
     args = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "1") for a in argv)
     if "limit" in args:
-        turns = [guess.binary_search(s) for s in range(guess.LO, guess.HI + 1)]
+        turns = [binary_search(s) for s in range(guess.LO, guess.HI + 1)]
         print(f"binary search: win {sum(t <= guess.TURNS for t in turns) / len(turns):.3f}, "
               f"turns when won {sum(turns) / len(turns):.2f}, invalid 0, first guess 50")
         return

@@ -77,13 +77,3 @@ def demo(prompt, answer, rng):
             break
         lo, hi = (guess + 1, hi) if guess < secret else (lo, guess - 1)
     return guesses, None
-
-
-def binary_search(secret):
-    """The limit: turns to find the secret by always guessing the middle."""
-    lo, hi = LO, HI
-    for turn in range(1, 100):
-        guess = (lo + hi) // 2
-        if guess == secret:
-            return turn
-        lo, hi = (guess + 1, hi) if guess < secret else (lo, guess - 1)

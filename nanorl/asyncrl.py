@@ -46,7 +46,6 @@ import torch.multiprocessing as mp
 import losses
 from model import seeded
 from nanorl import rows
-from nanorl.checkpoint import unwrap
 from nanorl.config import UserError
 from nanorl.ddp import all_reduce, mean_over_ranks
 
@@ -110,7 +109,7 @@ class Pipeline:
 
     def publish(self, run, version):
         """The policy's weights as version `version`, copied: the trainer goes on updating."""
-        state = {k: v.detach().clone() for k, v in unwrap(run.model).state_dict().items()}
+        state = {k: v.detach().clone() for k, v in run.model.state_dict().items()}
         self.weights.put((version, state))
 
     def receive(self, s, at=""):

@@ -11,12 +11,6 @@ from model import GPT, CheckpointError, GPTConfig, one_line  # the errors: from_
 from nanorl import bpe
 
 
-def unwrap(model):
-    """The plain GPT inside a DDP and/or torch.compile wrapper."""
-    model = getattr(model, "module", model)
-    return getattr(model, "_orig_mod", model)
-
-
 def save_checkpoint(path, model, optimizer=None, config=None, step=0, tokenizer=None, **extra):
     """Plain data only (weights_only-loadable): the plain GPT's (never torch.compile's) and extra
     entries (run state, ...), by atomic_write: a crash mid-write leaves the previous one whole."""

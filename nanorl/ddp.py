@@ -52,8 +52,7 @@ def all_reduce(x, op="sum"):
         return torch.as_tensor(x, dtype=torch.float64).clone()
     dev = "cuda" if dist.get_backend() == "nccl" else "cpu"  # nccl reduces GPU tensors only
     x = torch.as_tensor(x, dtype=torch.float64, device=dev).clone()
-    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
-    dist.all_reduce(x, ops[op])
+    dist.all_reduce(x, getattr(dist.ReduceOp, op.upper()))  # SUM, MAX, MIN
     return x.cpu()
 
 

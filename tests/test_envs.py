@@ -22,6 +22,7 @@ import sft
 from envs import guess
 from model import GPT, GPTConfig, generate, logprobs
 from nanorl.episodes import Episodes, demo_rows, play_demo
+from bench.guess import binary_search
 from nanorl.evaluate import Task, env_of, task_alphabet
 from tests.test_rl import make_run
 from tests.test_tools import assert_no_leak, with_turn_credit
@@ -104,8 +105,8 @@ def test_process_reward_is_the_share_of_the_interval_ruled_out():
 
 
 def test_binary_search_is_the_limit():
-    turns = [guess.binary_search(s) for s in range(1, 101)]
-    assert max(turns) == 7 and sum(turns) / 100 == 5.80 and guess.binary_search(50) == 1
+    turns = [binary_search(s) for s in range(1, 101)]
+    assert max(turns) == 7 and sum(turns) / 100 == 5.80 and binary_search(50) == 1
 
 
 def test_every_demonstration_replays_through_the_environment():
