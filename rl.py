@@ -28,7 +28,6 @@ from nanorl.config import UserError, check_bounds, run_cli
 from nanorl.ddp import all_reduce, bf16_default, mean_over_ranks, world_size
 from nanorl.evaluate import Task, evaluate_policy, load_policy
 from nanorl.rm import RewardModel
-from nanorl.rows import Rollout
 from verify import overlong_penalty
 
 SHOWN = ("loss reward_mean rm_reward accuracy margin pair_accuracy z n_groups "
@@ -97,8 +96,7 @@ def rollout(cfg, algo, run, idx, gen, G, temperature):
         parts.append(scored(cfg, algo, task, out, problems[i:i + n], G, episodes))
     batch = rows.cat(parts)
     if algo.advantage == "first_wrong":  # CLIFF: against the gold answer's tokens
-        gold = [ids for _, ids in task.gold_rows(problems)]
-        batch.first_wrong = cliff.first_wrong(batch, gold, G)
+        batch.first_wrong = cliff.first_wrong(batch, task.gold_rows(problems), G)
     return batch
 
 
@@ -107,7 +105,7 @@ def scored(cfg, algo, task, out, problems, G, episodes):
     samples scored once) and reward, with DAPO's overlong shaping and an environment's
     turn rewards."""
     P, window, seen = out["prompt_len"], cfg.overlong_window, {}
-    batch = Rollout(ids=out["ids"], offsets=out["offsets"], mask=out["action_mask"][:, P:],
+    batch = rows.Rollout(ids=out["ids"], offsets=out["offsets"], mask=out["action_mask"][:, P:],
                     mu=out["logps"], old_logp=out["logps"], turn_rewards=out.get("turn_rewards"),
                     length=out["response_mask"][:, P:].sum(1).float(), version=out.get("version"))
     responses, score, shaped = rows.responses(batch), [], []
@@ -171,7 +169,7 @@ def collect(cfg, algo, run, gen):
 
 
 def advantages(cfg, algo, hp, batch, ref_lp):
-    """(N,) or (N, L) advantages of the row's kind (ADVANTAGES), its objective's inputs"""
+    """The row's kind's (N,) or (N, L) advantages (ADVANTAGES), its objective's inputs."""
     R = batch.reward  # (N,) a token kind spreads beta's k1 over the tokens itself
     if algo.kl == "reward" and hp["beta"] and algo.advantage not in TOKEN_KINDS:
         R = losses.kl_in_reward(R, batch.old_logp, ref_lp, batch.mask, hp["beta"]).sum(1)
@@ -250,8 +248,7 @@ def sample(cfg, algo, run, gen):
 
 def pg_step(cfg, algo, run, lr, gen):
     """One step of a policy-gradient row: sample, then train on the rollout (or, with
-    --staleness=k, on the one of k steps ago) -> this step's sampling stats and the
-    update's, averaged over ranks. The async sampler and --replay call train with theirs."""
+    --staleness=k, on the one of k steps ago) -> the step's sampling stats and the update's."""
     batch, stats = sample(cfg, algo, run, gen)
     if cfg.staleness:  # the off-policy lab: the rollout of k steps ago, or (None, {})
         old = offpolicy.stale(run.queue, batch, stats, cfg.staleness)
@@ -260,8 +257,8 @@ def pg_step(cfg, algo, run, lr, gen):
 
 
 def train(cfg, algo, run, batch, sampled, lr, gen):
-    """Train on a Rollout (None on any rank: no update) with its sampling stats -> those
-    and the update's, averaged over ranks."""
+    """Train on a Rollout (None on any rank: no update) with its sampling stats: pg_step's,
+    the async sampler's or --replay's -> those stats and the update's, averaged over ranks."""
     if all_reduce(float(batch is None), "max").item():  # on any rank: no update
         if cfg.log_rollouts < 0 and cfg.log_every == 1:  # a replayable log holds it too
             rollout_log.write(cfg, run, None, sampled, None, None)
@@ -366,16 +363,12 @@ def update(cfg, algo, run, batch, lr, gen, adv, inputs, ref_lp):
                                      inputs=inputs, ref_lp=ref_lp, first=epoch == i == 0)
             gnorm = loop.optimizer_step(run.model, run.opt, loss, lr, cfg.grad_clip)
             updates.append(stats)
-    # each rank's loss is its share of the batch's (it divides by all counts): x ranks
-    last = {"rl/loss": loss.item() * world_size(), "rl/grad_norm": gnorm.item()}
-    return {**mean_of(updates), **last, "rl/lr": lr, "rl/n_tokens": batch.mask.sum().item()}
-
-
-def mean_of(updates):
-    """The updates' stats -> rl/<each>: its mean over the updates that measured it."""
     keys = dict.fromkeys(k for stats in updates for k in stats)  # every stat, in order
     measured = {k: [stats[k] for stats in updates if k in stats] for k in keys}
-    return {f"rl/{k}": sum(v) / len(v) for k, v in measured.items()}
+    # each rank's loss is its share of the batch's (it divides by all counts): x ranks
+    last = {"rl/loss": loss.item() * world_size(), "rl/grad_norm": gnorm.item()}
+    means = {f"rl/{k}": sum(v) / len(v) for k, v in measured.items()}  # over the updates
+    return {**means, **last, "rl/lr": lr, "rl/n_tokens": batch.mask.sum().item()}
 
 
 def accumulate(cfg, algo, run, batch, mb, micro, gen, adv, inputs, ref_lp, first):
@@ -406,11 +399,7 @@ def accumulate(cfg, algo, run, batch, mb, micro, gen, adv, inputs, ref_lp, first
         if first:  # the trainer against the sampler, where pi = pi_old
             micro_stats.update(sampler_gap(lp.detach(), logits.detach(), part.mu, m))
         w = (m.sum() / batch.mask[mb].sum().clamp_min(1)).item()  # token-weighted means
-        for k, v in micro_stats.items():
-            if k in ("ratio_max", "logp_mismatch"):
-                stats[k] = max(stats.get(k, -1e30), float(v))
-            else:
-                stats[k] = stats.get(k, 0.0) + float(v) * w
+        loop.add_stats(stats, micro_stats, w)
     return total, stats
 
 
@@ -465,11 +454,10 @@ def setup(cfg, algo, hp, dev, rank, world):
     if "max_new_tokens" in hp:  # dr_grpo's constant normaliser
         hp["max_new_tokens"] = cfg.max_new_tokens
     task.check(cfg.max_new_tokens, model.config.block_size)
-    if algo.advantage in ("first_wrong", *turns.KINDS):  # the gold tokens, the turns
-        if algo.advantage == "first_wrong":
-            cliff.check(task)
-        else:
-            turns.check(cfg, algo, task)
+    if algo.advantage == "first_wrong":  # the gold answers' tokens
+        cliff.check(task)
+    if algo.advantage in turns.KINDS:  # the turns
+        turns.check(cfg, algo, task)
     offline = algo.family != "pg" and pref.offline(cfg, algo)  # a step of data files
     task.train = (pref.data(cfg, algo, task) if algo.family != "pg" else task.train)[rank::world]
     select = cfg.prompt_selection and "teacher" not in algo.needs and not offline

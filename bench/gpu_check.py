@@ -149,7 +149,7 @@ def grpo_step(cfg, row, run, prompts, dev, step, seen):
         P, N = out["prompt_len"], len(out["ids"])
         mask = out["action_mask"][:, P:]  # (N, L)
         reward = torch.randint(0, 2, (N,), device=dev, generator=seeded(dev, "reward", step))
-        b = rl.Rollout(out["ids"], out["offsets"], mask, out["logps"], old_logp=out["logps"],
+        b = rl.rows.Rollout(out["ids"], out["offsets"], mask, out["logps"], old_logp=out["logps"],
                        reward=reward.float(), score=reward.float(), length=mask.sum(1).float())
         seen.clear()
         ref_lp, adv, inputs, _ = rl.prepare(cfg, row, run, b)

@@ -585,7 +585,7 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     (RL, "all_reduce([batch.mask[mb].sum(), len(mb)])",
      "all_reduce([batch.length[mb].sum(), len(mb)])",
      "accumulate: the token mean counts the environment's tokens", TOKEN_MEAN),
-    (PF, "rollout_rows(batch, algo, cfg.group_size) if batch is not None else no_pairs",
+    (PF, "rollout_rows(batch, algo, cfg.group_size) if batch else ([], None)",
      "rollout_rows(batch, algo, cfg.group_size)", "pref.step: an online step without pairs crashes",
      (R + "an_online_pairs_step_without_a_mixed_group_updates_nothing",)),
     (PF, "    if offline(cfg, algo):\n        n = cfg.pairs_per_step",

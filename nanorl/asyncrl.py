@@ -44,7 +44,7 @@ import torch
 import torch.multiprocessing as mp
 
 import losses
-from model import seeded
+from model import generate, seeded
 from nanorl import rows
 from nanorl.config import UserError
 from nanorl.ddp import all_reduce, mean_over_ranks
@@ -168,22 +168,20 @@ def send(conn, obj):
     conn.send_bytes(buf.getbuffer())
 
 
-class Sender:
+class Sender(queue.Queue):
     """The trainer's end of the weights' pipe, written in order by a thread of its own: a
     version is sent while the sampler reads it, and the trainer goes on (a send blocks until the
     other end reads, which it may do only after sending its rollout)."""
 
     def __init__(self, conn):
-        self.conn, self.todo = conn, queue.Queue()
+        super().__init__()
+        self.conn = conn
         threading.Thread(target=self.feed, name="nanorl-publish", daemon=True).start()
-
-    def put(self, obj):
-        self.todo.put(obj)
 
     def feed(self):
         while True:
             try:
-                send(self.conn, self.todo.get())
+                send(self.conn, self.get())
             except OSError:  # the sampler is gone: receive() says so
                 return
 
@@ -216,8 +214,7 @@ class InFlight(torch.nn.Module):
 
 
 def stamped(generate, policy):
-    """The sampler's generate: its result with each token's version (N, L), that of the forward
-    that sampled it (one a decode step), read at the call's end, which clears the record."""
+    """The sampler's generate, each token stamped with the version of the forward that drew it."""
     def generate_stamped(*args, **kwargs):
         out = generate(*args, **kwargs)
         N, L = out["logps"].shape  # the call's last L forwards
@@ -279,8 +276,7 @@ def serve(cfg, cls, hp, dev, rank, world, first, state, threads, setup, sample, 
             run.rm.load_state_dict(state["rm"])
         source = Weights(run.model, weights, parent)
         run.model = InFlight(run.model, source, cfg.inflight)
-        rl = sample.__globals__  # rl.py's, in this process: rollouts stamp each token's version
-        rl["generate"] = stamped(rl["generate"], run.model)
+        sample.__globals__["generate"] = stamped(generate, run.model)  # rl.py's, this process's
         send(out, {"step": first - 1})  # set up: the trainer's timeout now times rollouts
         idle, t = source.idle, time.time()  # a rollout's span: from the last one's send
         for s in itertools.count(first):

@@ -33,6 +33,6 @@ def first_wrong_token(response_ids: list[int], gold_ids: list[int]) -> int | Non
 
 
 def first_wrong(batch, gold, G):
-    """(N,) each row of rollout b's first wrong token against its group's gold ids, -1 if none."""
-    wrong = [first_wrong_token(ids, gold[r // G]) for r, ids in enumerate(responses(batch))]
+    """(N,) each row's first wrong token against its group's gold answer ids, -1 if none."""
+    wrong = [first_wrong_token(ids, gold[r // G][1]) for r, ids in enumerate(responses(batch))]
     return torch.tensor([-1 if w is None else w for w in wrong], device=batch.ids.device)

@@ -186,6 +186,13 @@ def save(cfg, name, model, opt, run_config, state, tok, rank_state=None, **extra
                         **({"ranks": ranks} if rank_state else {}), **extra)
 
 
+def add_stats(stats, part, w):
+    """A micro-batch's stats into the batch's, weighted by w; a maximum stays the largest."""
+    for k, v in part.items():
+        top = k in ("ratio_max", "logp_mismatch")
+        stats[k] = max(stats.get(k, -1e30), float(v)) if top else stats.get(k, 0.0) + float(v) * w
+
+
 def truncate_metrics(path, step):
     """On resume, drop the rows logged after the checkpoint's step so that none repeats."""
     keep = []

@@ -133,8 +133,7 @@ def step(cfg, algo, run, batch, lr):
         rows, labels = (task.gold_rows(items), None) if algo.data == "gold" \
             else record_rows(task.tok, items, task.reverse)
     else:
-        no_pairs = ([], None)  # no group of this rank held a right and a wrong answer
-        rows, labels = rollout_rows(batch, algo, cfg.group_size) if batch is not None else no_pairs
+        rows, labels = rollout_rows(batch, algo, cfg.group_size) if batch else ([], None)
     if all_reduce(float(not rows), "max").item():  # on any rank: no update
         return {}
     run.opt.zero_grad()
@@ -202,8 +201,7 @@ def rows_loss(model, ref, pad_id, rows, labels, algo, hp, max_rows=None):
         part.backward()
         loss += part.detach()
         w = 1 if algo.family == "sft" else len(unit) / n  # sft's stats add up, others average
-        for k, v in part_stats.items():
-            stats[k] = stats.get(k, 0.0) + float(v) * w
+        loop.add_stats(stats, part_stats, w)
     return loss, {**stats, "rl/n_seqs": len(rows)}
 
 

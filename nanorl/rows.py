@@ -77,10 +77,9 @@ def record_rows(tok, recs, reverse):
 
 
 def pack(rows, pad_id, left=False):
-    """[(prompt ids, response ids[, its action mask])] -> ids (N, T) right-padded, each row's
-    left-pad count (N,) and the mask (N, T): 1 on the response tokens the policy writes. Rows
-    start at position 0 as in SFT, or (left) their prompts end at the longest prompt's end P, as
-    the sampler lays them out, and the mask is the responses' (N, T - P)."""
+    """[(prompt ids, response ids[, its action mask])] -> ids (N, T), each row's left pads (N,)
+    and the mask, 1 on the response tokens the policy writes: rows from position 0 as SFT reads
+    them (mask (N, T)), or (left) prompts ending at P, as the sampler lays them out (N, T - P)."""
     P = max(len(p) for p, *_ in rows) if left else 0
     pads = [P - len(p) if left else 0 for p, *_ in rows]
     T = max(k + len(p) + len(r) for k, (p, r, *_) in zip(pads, rows))

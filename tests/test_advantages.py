@@ -16,7 +16,7 @@ def _batch(reward, lengths, logps=None, **kw):
     """A rollout as rl.collect returns it, with only the fields rl.advantages reads."""
     mask = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])  # (N, T) the response tokens
     lp = torch.zeros(mask.shape) if logps is None else logps
-    return rl.Rollout(torch.zeros(len(lengths), P + T, dtype=torch.long), torch.zeros(len(lengths)), mask, lp,
+    return rl.rows.Rollout(torch.zeros(len(lengths), P + T, dtype=torch.long), torch.zeros(len(lengths)), mask, lp,
                       reward=torch.tensor(reward), old_logp=lp, **kw)
 
 

@@ -40,7 +40,7 @@ def rollout_batch():
     out = generate(model, prompts, 6, tok.eos_id, tok.pad_id, G=G, temperature=1.0, generator=g)
     reward = torch.tensor([1., 0, 0, 1, 0, 0, 0, 1, 1, 1, 0, 1, 0, 1, 0, 0])  # (N,) every group mixed
     mask = out["response_mask"][:, out["prompt_len"]:]
-    return model, tok, rl.Rollout(out["ids"], out["offsets"], mask, out["logps"], out["logps"], reward, reward,
+    return model, tok, rl.rows.Rollout(out["ids"], out["offsets"], mask, out["logps"], out["logps"], reward, reward,
                                   torch.full((16,), -1), mask.sum(1).float(), torch.ones(16, dtype=torch.bool))
 
 

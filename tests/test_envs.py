@@ -243,7 +243,7 @@ def three_turns():
     final score 1, the environment's tokens at 1, 3, 5."""
     mask = torch.tensor([[1, 0, 1, 1, 0, 1, 0]])
     turn = torch.tensor([[0.2, 0, 0, 0.3, 0, 0.5, 0]])
-    b = rl.Rollout(torch.zeros(1, 9, dtype=torch.long), torch.zeros(1), mask, torch.zeros(1, 7),
+    b = rl.rows.Rollout(torch.zeros(1, 9, dtype=torch.long), torch.zeros(1), mask, torch.zeros(1, 7),
                    torch.zeros(1, 7), torch.tensor([2.0]), torch.tensor([1.0]), length=torch.tensor([7.0]),
                    finished=torch.ones(1, dtype=torch.bool), turn_rewards=turn)
     b.values = torch.tensor([[0.5, 9.0, 0.4, 0.3, 9.0, 0.6, 9.0]])  # the env's: never read
@@ -355,7 +355,7 @@ def game_rollout():
     act, n = out["action_mask"][:, P:], out["response_mask"][:, P:].sum(1)
     reward = torch.tensor([1.0, 0.0] * (N // 2))
     turns, invalid = env.stats()
-    b = rl.Rollout(out["ids"], out["offsets"], act, out["logps"], out["logps"], reward + out["turn_rewards"].sum(1),
+    b = rl.rows.Rollout(out["ids"], out["offsets"], act, out["logps"], out["logps"], reward + out["turn_rewards"].sum(1),
                    reward, torch.full((N,), -1), n.float(), torch.ones(N, dtype=torch.bool),
                    turn_rewards=out["turn_rewards"], turns=turns, invalid=invalid)
     assert (turns >= 3).sum() >= N // 2 and (out["turn_rewards"] != 0).any()

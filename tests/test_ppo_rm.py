@@ -51,7 +51,7 @@ def test_rm_score_is_the_head_at_eos_plus_the_answer_log_likelihood():
             lp = torch.log_softmax(logits[0, len(p) - 1:-1], -1)[torch.arange(len(r)), torch.tensor(r)]  # (len(r),)
             assert s[i].item() == pytest.approx(full[0, -1].item() + coef * lp.sum().item(), abs=1e-5)
             assert torch.allclose(logp[i][mask[i].bool()], lp, atol=1e-5)
-    rollout = rl.Rollout(torch.tensor([[3, 4, 5, 6, 1, 0], [0, 3, 4, 7, 8, 1]]), torch.tensor([0, 1]),
+    rollout = rl.rows.Rollout(torch.tensor([[3, 4, 5, 6, 1, 0], [0, 3, 4, 7, 8, 1]]), torch.tensor([0, 1]),
                          torch.tensor([[1, 1, 0], [1, 1, 1]]), None)  # prompts left-padded to 3
     assert torch.allclose(rl.RewardModel(model, 0.5)(rollout), s, atol=1e-5)
 

@@ -187,7 +187,7 @@ def scored_rollout(scores):
     n = len(scores)
     ids = torch.tensor([[10 + r, r, 2] for r in range(n)])  # (N, P+L), P = 1, L = 2
     mask = torch.ones(n, 2, dtype=torch.long)
-    return rl.Rollout(ids, torch.zeros(n), mask, torch.zeros(n, 2), length=torch.full((n,), 2),
+    return rl.rows.Rollout(ids, torch.zeros(n), mask, torch.zeros(n, 2), length=torch.full((n,), 2),
                       score=torch.tensor(scores))
 
 

@@ -313,7 +313,7 @@ def tiny_batch(n_groups=4, G=4, seed=0, temperature=1.0):
                    generator=torch.Generator().manual_seed(seed))
     N, mask = n_groups * G, out["response_mask"][:, out["prompt_len"]:]
     reward = torch.tensor([1.0, 0.0] * (N // 2))
-    return model, rl.Rollout(out["ids"], out["offsets"], mask, out["logps"], out["logps"], reward, reward,
+    return model, rl.rows.Rollout(out["ids"], out["offsets"], mask, out["logps"], out["logps"], reward, reward,
                              torch.full((N,), -1), mask.sum(1).float(), torch.ones(N, dtype=torch.bool))
 
 
@@ -376,7 +376,7 @@ def test_dynamic_sampling_keeps_groups_by_accuracy_not_by_shaped_reward(monkeypa
     def fake_rollout(cfg, row, run, idx, gen, G, temperature):
         correct = torch.tensor([0., 0, 0, 0, 1, 0, 1, 0, 1, 1, 1, 1])  # all wrong, mixed, all right
         reward = correct + torch.tensor([-1, -0.5, 0, 0, 0, 0, 0, 0, 0, 0, 0, -0.5])  # shaped
-        return rl.Rollout(torch.arange(12)[:, None], torch.zeros(12), torch.ones(12, 1), torch.zeros(12, 1),
+        return rl.rows.Rollout(torch.arange(12)[:, None], torch.zeros(12), torch.ones(12, 1), torch.zeros(12, 1),
                           reward=reward, score=correct, length=torch.ones(12),
                           finished=torch.ones(12, dtype=torch.bool))
 
@@ -518,9 +518,9 @@ def test_remax_dynamic_sampling_counts_the_greedy_reward(monkeypatch):
     a group equal to its greedy reward is dropped."""
     def fake_rollout(cfg, row, run, idx, gen, G, temperature):
         if G == 1:  # the greedy responses
-            return rl.Rollout(*([None] * 4), reward=torch.tensor([1.0, 0.0]), length=torch.ones(2))
+            return rl.rows.Rollout(*([None] * 4), reward=torch.tensor([1.0, 0.0]), length=torch.ones(2))
         correct = torch.zeros(8)
-        return rl.Rollout(torch.arange(8)[:, None], torch.zeros(8), torch.ones(8, 1), torch.zeros(8, 1),
+        return rl.rows.Rollout(torch.arange(8)[:, None], torch.zeros(8), torch.ones(8, 1), torch.zeros(8, 1),
                           reward=correct, score=correct, length=torch.ones(8),
                           finished=torch.ones(8, dtype=torch.bool))
 
@@ -605,7 +605,7 @@ def test_prompt_selection_skips_the_groups_dynamic_sampling_found_flat(monkeypat
     def fake_rollout(cfg, row, run, idx, gen, G, temperature):
         correct = torch.tensor([0., 0, 0, 0, 1, 0, 1, 0])  # lost everywhere; mixed
         turns = torch.tensor([[0.1], [0.2], [0.3], [0.4], [0.0], [1.0], [0.0], [1.0]])  # returns: differ; all 1
-        return rl.Rollout(torch.arange(8)[:, None], torch.zeros(8), torch.ones(8, 1), torch.zeros(8, 1),
+        return rl.rows.Rollout(torch.arange(8)[:, None], torch.zeros(8), torch.ones(8, 1), torch.zeros(8, 1),
                           reward=correct + turns[:, 0], score=correct, length=torch.ones(8),
                           finished=torch.ones(8, dtype=torch.bool), turn_rewards=turns)
 

@@ -180,7 +180,7 @@ def sampled_rollout(G=4):
     P, N = out["prompt_len"], len(out["ids"])
     act, n = out["action_mask"][:, P:], out["response_mask"][:, P:].sum(1)
     reward = torch.tensor([1.0, 0.0] * (N // 2))
-    b = rl.Rollout(out["ids"], out["offsets"], act, out["logps"], out["logps"], reward, reward,
+    b = rl.rows.Rollout(out["ids"], out["offsets"], act, out["logps"], out["logps"], reward, reward,
                    torch.full((N,), -1), n.float(), torch.ones(N, dtype=torch.bool))
     assert ((act == 0) & (torch.arange(act.size(1)) < n[:, None])).any(1).sum() >= N // 3
     return b
@@ -427,7 +427,7 @@ def test_episode_counts_skip_the_padding_the_sampler_leaves():
     response's tokens count, in a rollout's metrics as in an eval's."""
     ids = torch.tensor([TOK.encode("[1*2]{2}2") + [TOK.eos_id] + [TOK.pad_id] * 5])  # (1, 15)
     mask = torch.tensor([[1] * 5 + [0] * 3 + [1, 1] + [0] * 5])
-    b = rl.Rollout(ids, torch.zeros(1), mask, torch.zeros(1, 15), reward=torch.ones(1),
+    b = rl.rows.Rollout(ids, torch.zeros(1), mask, torch.zeros(1, 15), reward=torch.ones(1),
                    score=torch.ones(1), length=torch.tensor([10.0]), finished=torch.ones(1),
                    turn_rewards=torch.zeros(1, 15), turns=torch.ones(1), invalid=torch.zeros(1))
     assert rollout_metrics(b)["rl/env_token_frac"] == pytest.approx(0.3)
