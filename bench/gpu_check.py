@@ -150,10 +150,11 @@ def grpo_step(cfg, row, run, prompts, dev, step, seen):
         mask = out["action_mask"][:, P:]  # (N, L)
         reward = torch.randint(0, 2, (N,), device=dev, generator=seeded(dev, "reward", step))
         b = rl.rows.Rollout(out["ids"], out["offsets"], mask, out["logps"], old_logp=out["logps"],
-                       reward=reward.float(), score=reward.float(), length=mask.sum(1).float())
+                            reward=reward.float(), score=reward.float(), length=mask.sum(1).float())
         seen.clear()
         ref_lp, adv, inputs, _ = rl.prepare(cfg, row, run, b)
-        rl.update(cfg, row, run, b, adv, inputs, ref_lp, 1e-5, seeded(dev, "update", step))
+        rl.update(cfg, row, run, b, 1e-5, seeded(dev, "update", step), adv=adv, inputs=inputs,
+                  ref_lp=ref_lp)
         t2 = now(dev)
     ref_tok, trained_tok = (sum(n for grad, n in seen if grad == g) for g in (False, True))
     return t1 - t0, t2 - t1, mask.sum().item(), roll_tok, ref_tok, trained_tok

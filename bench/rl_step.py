@@ -61,7 +61,7 @@ def grpo_step(cfg, run, gen, lr):
     batch, _ = rl.collect(cfg, row, run, gen)
     t1 = time.perf_counter()
     ref_lp, adv, inputs, _ = rl.prepare(cfg, row, run, batch)
-    rl.update(cfg, row, run, batch, adv, inputs, ref_lp, lr, gen)
+    rl.update(cfg, row, run, batch, lr, gen, adv=adv, inputs=inputs, ref_lp=ref_lp)
     return t1 - t0, time.perf_counter() - t1, batch
 
 
