@@ -1,6 +1,6 @@
-"""Losses, advantages and KL estimators as pure tensor functions, and ALGOS: a row per
-`rl.py --loss=NAME` holding every fact of it; the loop reads its columns, never its name.
-Every loss is minimised and returns (loss, stats).
+"""Every loss (preference and reward-model ones too), advantage, KL estimator, rollout weight and
+token selection as a pure tensor function, and ALGOS: a row per `rl.py --loss=NAME` holding every
+fact of it; the loop reads its columns, never its name. A loss is minimised: (loss, stats).
 
 - Tensors are aligned to the response (position 0: its first token), right-padded.
   logp / old_logp / ref_logp (B, T): log-probs of the sampled tokens under the policy
@@ -255,6 +255,51 @@ def clip_objective(ratio, adv, eps_low, eps_high, clip_c=None):
         obj, high = torch.where(dual, clip_c * adv, obj), high | dual
     return obj, low, high
 
+@torch.no_grad()
+def rollout_weights(old_logp, mu_logp, mask, kind, cap=2.0, low=0.5, high=5.0):
+    """Detached weights (B, T) of a rollout sampled by mu and trained from pi_old, and the share
+    of tokens capped or masked (0-d); rho_t = exp(old_t - mu_t).
+      tis:       min(rho_t, cap) (Yao et al. 2025; verl)
+      seq_tis:   min(prod_t rho_t, cap) on each token of the sequence
+      icepop:    rho_t if low <= rho_t <= high, else 0 (arXiv 2510.18855)
+      decoupled: rho_t = pi_prox / mu, 0 above high (decoupled PPO, AReaL, arXiv 2505.24298;
+                 its clip is anchored at pi_prox = old_logp)
+    Used as w A: w >= 0 is constant, so min(r wA, clip(r) wA) = w min(rA, clip(r) A)."""
+    m = mask.bool()
+    x = torch.where(m, old_logp - mu_logp, 0.0)  # (B, T)
+    rho = torch.exp(x.sum(1, keepdim=True) if kind == "seq_tis" else x).expand(m.shape)
+    if kind in ("tis", "seq_tis"):
+        cut, w = rho > cap, rho.clamp(max=cap)  # (B, T) capped
+    elif kind in ("icepop", "decoupled"):
+        cut = (rho > high) | (rho < low) if kind == "icepop" else rho > high  # (B, T)
+        w = torch.where(cut, 0.0, rho)
+    else:
+        raise ValueError(f"unknown rollout correction {kind!r}; valid: tis, seq_tis, icepop, "
+                         "decoupled")
+    return w, masked_mean(cut.float(), m)
+
+
+@torch.no_grad()
+def cov_select(logp, old_logp, adv, mask, generator=None, *, kind, **hp):
+    """(B, T) bool: the tokens one minibatch singles out. cov_t = (A_t - mean A)(logp_t - mean
+    logp), means over the valid tokens; n = max(floor(cov_ratio n_valid), 1). clip_cov: n drawn
+    uniformly (generator) among the valid tokens the clip (eps_low, eps_high) leaves alone with
+    cov_lb < cov < cov_ub; kl_cov: the top n by cov."""
+    m = mask.bool()
+    logp, adv = torch.where(m, logp, 0.0), (adv[:, None] if adv.dim() == 1 else adv).expand(m.shape)
+    cov = (adv - masked_mean(adv, m)) * (logp - masked_mean(logp, m))  # (B, T)
+    n = max(int(hp["cov_ratio"] * int(m.sum())), 1)
+    if kind == "kl_cov":
+        top = torch.where(m, cov, -torch.inf).flatten().topk(min(n, int(m.sum()))).indices
+    else:
+        ratio = torch.exp(logp - torch.where(m, old_logp, 0.0))  # (B, T)
+        _, low, high = clip_objective(ratio, adv, hp["eps_low"], hp["eps_high"])
+        ok = m & ~low & ~high & (cov > hp["cov_lb"]) & (cov < hp["cov_ub"])  # (B, T)
+        ok = ok.flatten().nonzero()[:, 0]
+        top = ok[torch.randperm(len(ok), generator=generator, device=ok.device)[:n]]
+    sel = torch.zeros(m.numel(), dtype=torch.bool, device=m.device)
+    return sel.index_fill_(0, top, True).view(m.shape)
+
 # -------------------------------------------------------------- objectives
 # (logp, old_logp, adv, m, hp, **inputs), padding zeroed, constants detached -> (objective to
 # maximise, (B, T) or (B,), stats); `loss` adds the KL and aggregates.
@@ -420,6 +465,13 @@ def gkd(logp, old_logp, adv, m, hp, logits, teacher_logits):
 
 
 # preference and supervised objectives: (B,) sums of response log-probs (pref.py) -> (loss, stats)
+
+
+def bt_loss(s_chosen, s_rejected):
+    """Bradley-Terry reward-model loss -log sigmoid(s_c - s_r), mean over pairs (B,)."""
+    d = s_chosen - s_rejected  # (B,)
+    stats = {"pair_accuracy": (d > 0).float().mean(), "margin": d.mean().detach()}
+    return -F.logsigmoid(d).mean(), stats
 
 
 def dpo_loss(pi_chosen, pi_rejected, ref_chosen, ref_rejected, beta=0.1, kind="sigmoid",

@@ -3,7 +3,7 @@ Bradley-Terry reward model: the SFT GPT plus a scalar head, trained so that the 
 scores above a wrong one y-; the NLL keeps the trunk learning the task (an LM regulariser, GRM, Yang
 et al. 2024) and the likelihood term scores answers the head alone (lik_coef=0) never memorised:
 
-    loss = -log sigmoid(s(x, y+) - s(x, y-)) + lm_coef * NLL(y+ | x)  (rm.bt_loss, losses.nll_loss)
+    loss = -log sigmoid(s(x, y+) - s(x, y-)) + lm_coef * NLL(y+ | x)  (losses.bt_loss, nll_loss) 
     s(x, y) = head(h at y's EOS) + lik_coef * log p(y | x)             (rm.rm_scores)
 
 Pairs: data/<task>/pairs_<split>.jsonl (five documented kinds of wrong answer) and "policy" pairs,
@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 
 from data.tasks import load_problems
-from losses import nll_loss
+from losses import bt_loss, nll_loss
 from model import generate, seeded
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError, run_cli
@@ -30,7 +30,7 @@ from nanorl.evaluate import env_of
 from nanorl import loop
 from nanorl.loop import TrainConfig, start
 from nanorl.pref import ensure_pairs, load_records
-from nanorl.rm import bt_loss, rm_scores
+from nanorl.rm import rm_scores
 from nanorl.rows import gold_rows, pack, record_rows, responses
 
 

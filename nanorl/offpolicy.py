@@ -4,7 +4,7 @@ Async RL trains on rollouts a sampler mu made a few updates ago, or in another p
 --staleness=k queues each rollout and trains step t on step t-k's (exact: every generator is
 seeded by step, so a resume replays it). Whenever mu can differ from the trainer, pi_old is
 recomputed by the trainer (Rollout.old_logp; mu stays in .mu), the ratio is anchored at it, and
---rollout_is / --decoupled weigh each token's advantage by pi_old / mu (rollout_weights).
+--rollout_is / --decoupled weigh each token's advantage by pi_old / mu (losses.rollout_weights).
 """
 from dataclasses import dataclass
 
@@ -58,30 +58,6 @@ def recompute(model, batch, cfg):
     return {"rl/old_mu_seq_mean": gap.mean().item(), "rl/old_mu_seq_max": gap.max().item()}
 
 
-@torch.no_grad()
-def rollout_weights(old_logp, mu_logp, mask, kind, cap=2.0, low=0.5, high=5.0):
-    """Detached weights (B, T) of a rollout sampled by mu and trained from pi_old, and the share
-    of tokens capped or masked (0-d); rho_t = exp(old_t - mu_t).
-      tis:       min(rho_t, cap) (Yao et al. 2025; verl)
-      seq_tis:   min(prod_t rho_t, cap) on each token of the sequence
-      icepop:    rho_t if low <= rho_t <= high, else 0 (arXiv 2510.18855)
-      decoupled: rho_t = pi_prox / mu, 0 above high (decoupled PPO, AReaL, arXiv 2505.24298;
-                 its clip is anchored at pi_prox = old_logp)
-    Used as w A: w >= 0 is constant, so min(r wA, clip(r) wA) = w min(rA, clip(r) A)."""
-    m = mask.bool()
-    x = torch.where(m, old_logp - mu_logp, 0.0)  # (B, T)
-    rho = torch.exp(x.sum(1, keepdim=True) if kind == "seq_tis" else x).expand(m.shape)
-    if kind in ("tis", "seq_tis"):
-        cut, w = rho > cap, rho.clamp(max=cap)  # (B, T) capped
-    elif kind in ("icepop", "decoupled"):
-        cut = (rho > high) | (rho < low) if kind == "icepop" else rho > high  # (B, T)
-        w = torch.where(cut, 0.0, rho)
-    else:
-        raise ValueError(f"unknown rollout correction {kind!r}; valid: tis, seq_tis, icepop, "
-                         "decoupled")
-    return w, losses.masked_mean(cut.float(), m)
-
-
 def stale(queue, batch, stats, staleness):
     """--staleness=k: queue this step's rollout and its sampling stats -> the rollout of k steps
     ago and its stats, or (None, {}) while the queue fills."""
@@ -93,7 +69,7 @@ def weigh(adv, batch, cfg, algo, stats):
     """The advantages times the weights of --rollout_is or --decoupled -> (adv, stats with
     the capped share); a sequence-ratio row takes seq_tis's one weight per row."""
     kind = "decoupled" if cfg.decoupled else cfg.rollout_is
-    w, cut = rollout_weights(batch.old_logp, batch.mu, batch.mask, kind)
+    w, cut = losses.rollout_weights(batch.old_logp, batch.mu, batch.mask, kind)
     if algo.ratio == "sequence":
         adv = adv * w[:, 0]  # (B,)
     else:

@@ -30,13 +30,6 @@ def rm_scores(model, ids, response_mask, offsets, lik_coef):
     return s[torch.arange(len(ids), device=ids.device), last] + lik_coef * logp.sum(1), logp
 
 
-def bt_loss(s_chosen, s_rejected):
-    """Bradley-Terry reward-model loss -log sigmoid(s_c - s_r), mean over pairs (B,)."""
-    d = s_chosen - s_rejected  # (B,)
-    stats = {"pair_accuracy": (d > 0).float().mean(), "margin": d.mean().detach()}
-    return -torch.nn.functional.logsigmoid(d).mean(), stats
-
-
 def check(cfg, algo):
     if cfg.reward not in ("verifier", "rm"):
         raise UserError(f"reward must be verifier or rm, got {cfg.reward}")

@@ -5,14 +5,12 @@ import pytest
 import torch
 
 from by_name import LOSSES
-from losses import (ALGOS, DEFAULTS, adaptive_beta, cliff_advantages, clip_objective,
+from losses import (ALGOS, DEFAULTS, adaptive_beta, bt_loss, cliff_advantages, clip_objective, cov_select,
                     gae, group_advantages, kl_estimate,
                     kl_in_reward, log1mexp, masked_mean, nll_loss, masked_sum, prefix_prob, resolve_hparams,
                     token_entropy, whiten)
 from model import token_logps
 from rl import explained_variance
-from nanorl.rm import bt_loss
-from nanorl.cov import cov_select
 
 # the reference batch: two right-padded responses of lengths 3 and 2
 LOGP = [[-1.0, -0.5, -2.0], [-0.3, -1.2, 0.0]]

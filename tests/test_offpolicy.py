@@ -15,7 +15,7 @@ from nanorl.checkpoint import load_checkpoint, save_checkpoint
 from nanorl.config import UserError
 from test_reliability import rows, same_weights, signal_on_call
 from test_rl import TINY_RL, cli, run, sft_ckpt, tiny_batch, update_once, varied_reward  # noqa: F401
-from nanorl.offpolicy import rollout_weights
+from losses import rollout_weights
 from nanorl.loop import adamw
 
 # ----------------------------------------------------------------------------- weights by hand
