@@ -484,14 +484,13 @@ def test_cov_tokens_are_chosen_over_the_minibatch_from_the_current_policy(monkey
     """KL-Cov takes max(floor(0.002 * n_valid), 1) = 1 token per minibatch, however many micro-batches it is
     accumulated in (4 here); at a rollout's first optimizer step from the sampler's log-probs (theta = theta_old),
     later from a fresh no-grad forward of the moved policy."""
-    from nanorl import cov
     model, batch = tiny_batch()
-    seen, select = [], cov.cov_select
+    seen, select = [], L.cov_select
 
     def spy(lp, old, adv, mask, *a, **k):
         seen.append((lp, old, mask, select(lp, old, adv, mask, *a, **k)))
         return seen[-1][-1]
-    monkeypatch.setattr(cov, "cov_select", spy)
+    monkeypatch.setattr(L, "cov_select", spy)
     cfg = rl.Config(loss="kl_cov", group_size=4, micro_batch_size=4, ppo_epochs=2, minibatches=2)
     _, stats = update_once(cfg, model, batch)
     assert [int(sel.sum()) for *_, sel in seen] == [1, 1, 1, 1]  # not one per micro-batch of 4 rows
