@@ -60,6 +60,9 @@ def aggregate(x, mask, agg, n_tokens=None, n_seqs=None, max_len=None):
 # -------------------------------------------------------------- advantages, KL
 
 
+GROUP_KINDS = ("std", "mean", "rloo", "maxrl")  # group_advantages' kinds: R against its group's
+
+
 def group_advantages(rewards, kind="std", eps=1e-6):
     """Rewards (P, G) of P groups of G -> advantages (P, G); all-equal groups get 0.
     "std":   (R - mean_g) / (std_g + eps), population std (GRPO, Shao et al. 2024)
@@ -81,7 +84,7 @@ def group_advantages(rewards, kind="std", eps=1e-6):
     elif kind == "maxrl":
         adv = torch.where(mean > 0, centred / torch.where(mean > 0, mean, 1.0), 0.0)
     else:
-        raise ValueError(f"unknown advantage kind {kind!r}; valid: std, mean, rloo, maxrl")
+        raise ValueError(f"unknown advantage kind {kind!r}; valid: {', '.join(GROUP_KINDS)}")
     same = (rewards == rewards[..., :1]).all(-1, keepdim=True)  # (P, 1) no signal
     return torch.where(same, 0.0, adv)
 
@@ -602,7 +605,7 @@ class Algo:  # a row: everything rl.py does for one --loss
                     raise ValueError(f"ALGOS: column {column} has no value {v!r}; valid: {valid}")
 
 
-COLUMNS = dict(advantage=(None, "std", "mean", "rloo", "maxrl", "first_wrong", "gae", "rpp",
+COLUMNS = dict(advantage=(None, *GROUP_KINDS, "first_wrong", "gae", "rpp",
                           "rpp_baseline", "vine", "step_group", "greedy", "teacher"),
                kl=(None, "loss", "reward"),
                agg=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",

@@ -228,7 +228,7 @@ def token_kind(cfg, algo, hp, batch, R, ref_lp):
 
 TOKEN_KINDS = ("gae", "rpp", "rpp_baseline", *turns.KINDS)  # (N, L), their KL per token
 ADVANTAGES = {  # Algo.advantage -> f(cfg, algo, hp, batch, R, ref_lp) -> (adv, inputs)
-    **dict.fromkeys(("std", "mean", "rloo", "maxrl"), group_kind),
+    **dict.fromkeys(losses.GROUP_KINDS, group_kind),
     **dict.fromkeys(TOKEN_KINDS, token_kind),  # GAE, REINFORCE++, VinePPO, GiGPO
     "greedy": lambda cfg, algo, hp, batch, R, ref_lp: (R - batch.baseline, {}),  # ReMax
     "first_wrong": cliff_kind}  # distillation's (teacher, None): distill.advantages

@@ -59,8 +59,7 @@ def recompute(model, batch, cfg):
 
 
 def stale(queue, batch, stats, staleness):
-    """--staleness=k: queue this step's rollout and its sampling stats -> the rollout of k steps
-    ago and its stats, or (None, {}) while the queue fills."""
+    """Queue this rollout and its stats -> those of k = staleness steps ago, or (None, {})."""
     queue.append((batch, stats))
     return queue.popleft() if len(queue) > staleness else (None, {})
 
