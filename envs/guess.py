@@ -14,6 +14,13 @@ The demonstrations are the random consistent player's: each guess uniform over t
 still possible. It wins within 7 turns about half the time. process_reward pays each turn the
 share of the possible numbers it ruled out, log2(before / after) / log2(100): a won episode's
 turns sum to 1, and the win adds 1.
+
+The game has an exact optimum, so every state has an oracle: [lo, hi] with t turns left is
+winnable iff hi - lo + 1 <= 2^t - 1, and winning_moves() counts the guesses that keep it so.
+oracle_reward (a control: it tells the policy the answer) pays +1 for a turn that keeps the game
+winnable and -1 for the turn that loses it, 0 once lost.
+
+    python rl.py configs/rl_guess_pp.py --env_args='{"oracle_reward": true}'
 """
 import math
 
@@ -25,14 +32,15 @@ class Env:
     """One game: the secret, the numbers still possible [lo, hi], the turns and the outcome."""
     turn_end, max_turns, max_obs = "|", TURNS, 1
 
-    def __init__(self, answer, process_reward=False):
-        self.secret, self.process_reward = int(answer), process_reward
+    def __init__(self, answer, process_reward=False, oracle_reward=False):
+        self.secret, self.process_reward, self.oracle_reward = int(answer), process_reward, oracle_reward
         self.lo, self.hi, self.turns, self.won = LO, HI, 0, False
         self.invalid, self.inconsistent, self.guesses = 0, 0, []
 
     def step(self, turn):
         if self.won or self.turns >= TURNS:  # a guess after the end: nothing changes
             return "", 0.0, True
+        could_win = self.winning_moves() > 0
         self.turns += 1
         ok = turn is not None and len(turn) <= len(str(HI)) and turn.isascii() and turn.isdigit() \
             and turn == str(int(turn))  # int() refuses 4,300 digits: the length first
@@ -40,7 +48,7 @@ class Env:
         self.guesses.append(guess)
         if guess is None:
             self.invalid += 1
-            return "?", 0.0, self.turns >= TURNS
+            return "?", self.oracle(could_win), self.turns >= TURNS
         before = self.hi - self.lo + 1
         self.inconsistent += not self.lo <= guess <= self.hi
         if guess < self.secret:
@@ -51,7 +59,26 @@ class Env:
             self.lo = self.hi = guess
             self.won, obs = True, "="
         shrink = math.log2(before / (self.hi - self.lo + 1)) / math.log2(HI - LO + 1)
-        return obs, shrink if self.process_reward else 0.0, self.won or self.turns >= TURNS
+        reward = (shrink if self.process_reward else 0.0) + self.oracle(could_win)
+        return obs, reward, self.won or self.turns >= TURNS
+
+    def oracle(self, could_win):
+        """oracle_reward's for the turn just taken: +1 kept winnable (or won), -1 lost it."""
+        if not self.oracle_reward or not could_win:
+            return 0.0
+        return 1.0 if self.winning_moves() > 0 else -1.0
+
+    def winning_moves(self):
+        """The guesses that keep a win within the turns left (0: no play wins from here; a won
+        game: 1). Each side of a guess g must fit in the turns after it: g - lo and hi - g
+        <= 2^(t-1) - 1, so the count is that of [max(lo, hi - m), min(hi, lo + m)]."""
+        if self.won:
+            return 1
+        t = TURNS - self.turns
+        if t <= 0:
+            return 0
+        m = 2 ** (t - 1) - 1
+        return max(0, min(self.hi, self.lo + m) - max(self.lo, self.hi - m) + 1)
 
     def score(self, final):
         return 1.0 if self.won else 0.0

@@ -4,17 +4,19 @@ Environments in the sampler: a row's episode, opened by tasks that name one (an 
 An environment is a class `Env` in an envs/ file, a fresh one per episode, built from a task row's
 answer (its hidden state: a secret, never in the prompt) and --env_args; its contract is `Env`
 below, checked when a task loads. An optional `state()` names the state a turn starts from
-(hashable: GiGPO's step groups, nanorl/turns.py). Text is in normal digit order: Episodes turns
-it as the task does.
+(hashable: GiGPO's step groups, the count bonus of nanorl/explore.py); an optional
+`winning_moves()`, an oracle, counts the moves that keep a win possible (the eval's losing states
+and critical-turn entropy). Text is in normal digit order: Episodes turns it as the task does.
 
 Episodes holds the rows of one sampler call and gives model.generate its two hooks: `force` puts
 the environment's pending tokens into the rows inside an observation (action 0, log-prob 0, a
 token a decode step), and `end_turns` hands each row that sampled `turn_end` to its Env and queues
 the observation (then EOS when the episode is done); the turn's reward lands on that token.
+Every turn taken is kept as a Visit.
 """
 import inspect
 import random
-from typing import Optional, Protocol
+from typing import Any, NamedTuple, Optional, Protocol
 
 import torch
 
@@ -53,6 +55,16 @@ def check_env(task, module, args, answer):
         raise UserError(f"{module.__name__}.Env breaks nanorl/episodes.py's Env contract: {why}")
 
 
+class Visit(NamedTuple):  # a turn taken: where it ends, from what, and the oracle's verdict
+    row: int
+    start: int  # its first token's response position
+    end: int  # its last token's (where its reward lands)
+    state: Any  # Env.state() before it (None without one): the count bonus's s
+    action: Optional[str]  # its text, normal order (None: it held a special token)
+    before: Optional[int]  # Env.winning_moves() before it and after (None without one):
+    after: Optional[int]  # a move with before > 0 and after 0 lost a winnable game
+
+
 class Episodes:
     """One episode per row, G rows per answer in the sampler's order, and the sampler's hooks."""
 
@@ -64,6 +76,7 @@ class Episodes:
         self.turns = [0] * len(self.envs)
         self.queue = {}  # row -> the observation's tokens it has still to take
         self.rewards = {}  # (row, response position) -> the reward of the turn that ended there
+        self.visits = []  # every turn taken, a Visit each
 
     def force(self, tok, act):
         """Rows inside an observation take its next token, not their sample -> (tok, act), (N,)."""
@@ -87,7 +100,10 @@ class Episodes:
         env, turn = self.envs[r], ids[self.start[r]:-1]
         text = None if self.tok.special_ids.intersection(turn) else \
             format_prompt(self.tok.decode(turn), self.reverse)  # normal order
+        oracle = getattr(env, "winning_moves", lambda: None)
+        state, before = env.state() if hasattr(env, "state") else None, oracle()
         obs, reward, done = env.step(text)
+        self.visits.append(Visit(r, self.start[r], len(ids) - 1, state, text, before, oracle()))
         self.turns[r] += 1
         obs = self.tok.encode(format_prompt(obs, self.reverse))[:env.max_obs]
         obs += [self.eos] if done or self.turns[r] >= env.max_turns else []

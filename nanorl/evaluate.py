@@ -231,6 +231,8 @@ def evaluate(model, task, split, max_new_tokens, n_samples=0, temperature=1.0, k
                 sum(pass_at_k(n_samples, int(c), min(kk, n_samples)) for c in right) / n
         if ref is not None:
             metrics.update(sample_kl(ref, outs, temperature, tok.eos_id, prefix))
+        if task.env_module:  # the entropy where the oracle allows few moves
+            metrics.update(critical_entropy(outs, prefix))
     return metrics, examples
 
 
@@ -258,13 +260,33 @@ def score_samples(task, out, problems, episodes=None):
 
 def env_metrics(calls, prefix):
     """Sampler calls [(their Episodes, generate's result)] -> turns per episode, the share of
-    turns the environment could not take, and the share of response tokens it wrote."""
+    turns the environment could not take, the share of response tokens it wrote, and with an
+    oracle (Env.winning_moves) the losing states: the distinct states whose move lost a winnable
+    game (greedy calls: the policy's modal move)."""
     turns, invalid = (torch.cat(t) for t in zip(*(episodes.stats() for episodes, _ in calls)))
     resp, act = (sum(out[k][:, out["prompt_len"]:].sum().item() for _, out in calls)
                  for k in ("response_mask", "action_mask"))
-    return {f"{prefix}/turns": turns.mean().item(),
-            f"{prefix}/invalid_frac": invalid.sum().item() / max(1, turns.sum().item()),
-            f"{prefix}/env_token_frac": 1 - act / max(1, resp)}
+    out = {f"{prefix}/turns": turns.mean().item(),
+           f"{prefix}/invalid_frac": invalid.sum().item() / max(1, turns.sum().item()),
+           f"{prefix}/env_token_frac": 1 - act / max(1, resp)}
+    if any(v.before is not None for episodes, _ in calls for v in episodes.visits):
+        out[f"{prefix}/losing_states"] = len(losing_states(episodes for episodes, _ in calls))
+    return out
+
+
+def losing_states(calls_episodes):
+    """Episodes -> the set of states (Env.state()) from which a turn lost a winnable game."""
+    return {v.state for episodes in calls_episodes for v in episodes.visits
+            if v.before is not None and v.before > 0 and v.after == 0}
+
+
+def critical_entropy(calls, prefix, most=3):
+    """Sampled calls -> the mean entropy (nats) of a move from a critical state (1 to `most`
+    moves keep a win possible, Env.winning_moves): each move's -log pi(move), summed over its
+    tokens, an unbiased estimate of the entropy of the move from its state. {} if none."""
+    nll = [-out["logps"][v.row, v.start:v.end + 1].sum().item() for episodes, out in calls
+           for v in episodes.visits if v.before is not None and 1 <= v.before <= most]
+    return {f"{prefix}/critical_entropy": sum(nll) / len(nll)} if nll else {}
 
 
 def evaluate_policy(model, ref, task, cfg, gen):
