@@ -139,6 +139,22 @@ def vine_advantages(rewards, values, mask):
 
 
 @torch.no_grad()
+def signed_advantages(outcome, turn_rewards, mask, pos_weight):
+    """Negative-sample reinforcement (Zhu et al. 2025, arXiv 2506.01347), no baseline: every token
+    of turn k gets pos_weight max(c_k, 0) + min(c_k, 0), c_k = 2R - 1 + r_k, the episode's outcome
+    R (a 0/1 score: -1 wrong, +1 right) plus the turn's own reward. NSR: pos_weight 0, only the
+    negatives are pushed down; W-REINFORCE: 0.1. Turn rewards (a process reward, the oracle's)
+    push hardest on the turn that earned the loss. outcome (B,), turn_rewards (B, T) or None,
+    mask (B, T) -> (B, T), 0 off the mask."""
+    m = mask.bool()
+    c = (2 * outcome.float() - 1)[:, None].expand(m.shape)  # (B, T)
+    if turn_rewards is not None:  # each token its turn's reward too
+        turn = turn_index(m)  # (B, T)
+        c = c + per_turn(turn_rewards.float(), turn).gather(1, turn.clamp_min(0))
+    return torch.where(m, pos_weight * c.clamp_min(0) + c.clamp_max(0), 0.0)
+
+
+@torch.no_grad()
 def step_advantages(rewards, states, groups, mask, gamma, eps=1e-6):
     """GiGPO's step-level advantage (Feng et al. 2025, arXiv 2505.10978, Eq. 5-7): a turn's
     discounted return R_k = sum_{j>=k} gamma^(j-k) r_j, normalised within its step group, the
@@ -584,7 +600,7 @@ def algo_loss(algo, hp, logp, old_logp, adv, mask, ref_logp=None, n_tokens=None,
 class Algo:  # a row: everything rl.py does for one --loss
     objective: Callable  # per token or per sequence (pg, clip, ...), or a pair loss
     advantage: Optional[str]  # group_advantages' kind, first_wrong, gae, rpp, vine, step_group,
-    # greedy, teacher
+    # greedy, signed, teacher
     kl: Optional[str]  # where beta's KL goes: "loss" (-beta KL), "reward" (-beta k1)
     agg: str  # what the loss divides by (aggregate)
     needs: tuple = ()  # values, teacher(_logits), greedy, group_correct, ref
@@ -606,7 +622,7 @@ class Algo:  # a row: everything rl.py does for one --loss
 
 
 COLUMNS = dict(advantage=(None, *GROUP_KINDS, "first_wrong", "gae", "rpp",
-                          "rpp_baseline", "vine", "step_group", "greedy", "teacher"),
+                          "rpp_baseline", "vine", "step_group", "greedy", "signed", "teacher"),
                kl=(None, "loss", "reward"),
                agg=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                     "seq-mean-token-sum-norm", "pairs", "answers"),
@@ -656,6 +672,8 @@ ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
     "gigpo": Algo(clip, "step_group", "loss", TOK,  # gamma: the step returns' discount
                   defaults=dict(_CLIP, beta=0.01, gamma=0.95, step_weight=1.0)),
     "remax": Algo(pg, "greedy", "reward", TOK, needs=("greedy",), **ON, defaults=dict(beta=0.0)),
+    "nsr": Algo(pg, "signed", "reward", TOK, **ON, defaults=dict(beta=0.0, pos_weight=0.0)),
+    "w_reinforce": Algo(pg, "signed", "reward", TOK, **ON, defaults=dict(beta=0.0, pos_weight=0.1)),
     "opd": Algo(ratio_pg, "teacher", None, TOK, needs=("teacher",)),
     "gkd": Algo(gkd, None, None, TOK, needs=("teacher", "teacher_logits"), ratio=None,
                 defaults=dict(gkd_beta=1.0)),  # 1 = reverse KL

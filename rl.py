@@ -13,7 +13,7 @@ mean one thing each: docs/guides.md#words.
 """
 import copy
 import time
-from collections import deque
+from collections import Counter, deque
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field, replace
 from typing import Optional
@@ -22,8 +22,8 @@ import torch
 
 import losses
 from model import generate, logprobs, seeded
-from nanorl import (asyncrl, cliff, cov, distill, loop, offpolicy, pref, remax, rm, rollout_log,
-                    rows, turns)
+from nanorl import (asyncrl, cliff, cov, distill, explore, loop, offpolicy, pref, remax, rm,
+                    rollout_log, rows, turns)
 from nanorl.config import UserError, check_bounds, run_cli
 from nanorl.ddp import all_reduce, bf16_default, mean_over_ranks, world_size
 from nanorl.evaluate import Task, evaluate_policy, load_policy
@@ -37,7 +37,7 @@ SHOWN = ("loss reward_mean rm_reward accuracy margin pair_accuracy z n_groups "
 
 @dataclass  # and the flags of the loop, the losses (None: the row's) and the features
 class Config(rm.Flags, pref.Flags, distill.Flags, offpolicy.Flags, rollout_log.Flags,
-             losses.Knobs, loop.LoopConfig):
+             explore.Flags, losses.Knobs, loop.LoopConfig):
     loss: str = "grpo"  # a row of losses.ALGOS
     out_dir: str = ""  # "" = out/rl-<loss>
     sft_ckpt: str = "out/sft-mul/ckpt.pt"
@@ -49,7 +49,7 @@ class Config(rm.Flags, pref.Flags, distill.Flags, offpolicy.Flags, rollout_log.F
     eval_interval: int = 25  # held-out eval this often, at step 0 and at the end
     prompts_per_step: int = 64
     group_size: int = 16  # G samples per prompt
-    temperature: float = 1.0  # the sampler's and the loss's
+    temperature: float = 1.0  # the sampler's and the loss's (temperature_start: its anneal's end)
     env_args: dict = field(default_factory=dict)  # the task's environment's arguments
     max_new_tokens: Optional[int] = None  # None: the SFT checkpoint's
     dynamic_sampling: bool = True  # drop groups without signal, refill them
@@ -79,6 +79,7 @@ class Run:  # what setup builds once and every step reads
     teacher: Optional[torch.nn.Module] = None
     queue: deque = field(default_factory=deque)  # (rollout, sampling stats) to train on
     state: loop.State = field(default_factory=loop.State)  # a resume restores it
+    counts: Counter = field(default_factory=Counter)  # (state, action) -> N: the count bonus
 
 # -------------------- rollouts, rewards
 
@@ -93,18 +94,18 @@ def rollout(cfg, algo, run, idx, gen, G, temperature):
         episodes = task.episodes(problems[i:i + n], G)  # None without an environment
         out = generate(run.model, prompts[i:i + n], cfg.max_new_tokens, tok.eos_id, tok.pad_id,
                        G=G, temperature=temperature, generator=gen, episodes=episodes)
-        parts.append(scored(cfg, algo, task, out, problems[i:i + n], G, episodes))
+        parts.append(scored(cfg, algo, run, out, problems[i:i + n], G, episodes))
     batch = rows.cat(parts)
     if algo.advantage == "first_wrong":  # CLIFF: against the gold answer's tokens
         batch.first_wrong = cliff.first_wrong(batch, task.gold_rows(problems), G)
     return batch
 
 
-def scored(cfg, algo, task, out, problems, G, episodes):
+def scored(cfg, algo, run, out, problems, G, episodes):
     """A sampler call's result -> its Rollout: each row's score (a group's identical
     samples scored once) and reward, with DAPO's overlong shaping and an environment's
-    turn rewards."""
-    P, window, seen = out["prompt_len"], cfg.overlong_window, {}
+    turn rewards (and the count bonus's)."""
+    P, window, seen, task = out["prompt_len"], cfg.overlong_window, {}, run.task
     batch = rows.Rollout(ids=out["ids"], offsets=out["offsets"], mask=out["action_mask"][:, P:],
                     mu=out["logps"], old_logp=out["logps"], turn_rewards=out.get("turn_rewards"),
                     length=out["response_mask"][:, P:].sum(1).float(), version=out.get("version"))
@@ -122,6 +123,8 @@ def scored(cfg, algo, task, out, problems, G, episodes):
     if episodes:  # an environment: its turns' rewards join the reward
         batch.turns, batch.invalid = (t.to(dev) for t in episodes.stats())
         batch.reward = batch.reward + batch.turn_rewards.sum(1)
+        if cfg.count_bonus or cfg.repeat_penalty:  # exploration: nanorl/explore.py
+            batch = explore.bonus(cfg, run.counts, batch, episodes, G)
     if algo.binary and ((batch.reward != 0) & (batch.reward != 1)).any():
         raise UserError(f"{cfg.loss} needs 0/1 rewards; this task gave partial credit or "
                         "rewards every turn")
@@ -132,14 +135,13 @@ def collect(cfg, algo, run, gen):
     """This rank's prompts x G samples -> (Rollout or None, stats). Dynamic sampling
     drops groups without signal and refills, up to max_refills more rounds."""
     parts, n_groups, n_sampled, n_flat, G, extra = [], 0, 0, 0, cfg.group_size, {}
-    # every row sampled, dropped or not: tokens per second, the share cut short
-    n_tok, n_rows, n_cut = 0.0, 0, 0
+    # every row sampled, dropped or not: tokens per second, the share cut short, all lost/won
+    n_tok, n_cut, n_lost, n_won = 0.0, 0, 0, 0  # n_lost: groups all scored 0
     want = cfg.prompts_per_step // world_size()
     for _ in range(1 + (cfg.max_refills if cfg.dynamic_sampling else 0)):
         idx = run.prompts.take(want - n_groups)
         batch = rollout(cfg, algo, run, idx, gen, G, cfg.temperature)
-        n_tok, n_rows = n_tok + batch.length.sum().item(), n_rows + len(batch.ids)
-        n_cut += int((~batch.finished).sum())
+        n_tok, n_cut = n_tok + batch.length.sum().item(), n_cut + int((~batch.finished).sum())
         if run.rm:  # the reward model's score instead of the verifier's
             run.rm.score(batch, cfg.rm_normalize, update=True)
         # (groups, G) each row's reward without DAPO's shaping, the signal tested below
@@ -149,6 +151,8 @@ def collect(cfg, algo, run, gen):
             n_tok += greedy.length.sum().item()
             R, extra = remax.baseline(batch, greedy, R, run.rm, cfg.rm_normalize, extra)
         flat = R.max(1).values == R.min(1).values  # (groups,) no signal
+        lo, hi = batch.score.view(-1, G).aminmax(dim=1)  # (groups,) each
+        n_lost, n_won = n_lost + int((hi <= 0).sum()), n_won + int((lo >= 1).sum())
         run.prompts.record(idx, flat)
         n_sampled, n_flat = n_sampled + len(idx), n_flat + int(flat.sum())
         # dynamic sampling (DAPO): only the groups with signal, refilled up to want
@@ -159,8 +163,9 @@ def collect(cfg, algo, run, gen):
             n_groups += len(batch.ids) // G
         if not cfg.dynamic_sampling or n_groups >= want:
             break
-    cut, sampled = all_reduce([n_cut, n_rows]).tolist()  # all cut: the step's line warns
+    cut, sampled = all_reduce([n_cut, n_sampled * G]).tolist()  # all cut: the line warns
     stats = {"rl/zero_std_frac": n_flat / n_sampled, "rl/n_groups": n_groups,
+             "rl/all_lost_frac": n_lost / n_sampled, "rl/all_won_frac": n_won / n_sampled,
              "rl/sampled_truncated_frac": cut / sampled, "perf/rollout_tokens": n_tok,
              **{k: v / n_sampled for k, v in extra.items()}}
     return (rows.cat(parts) if parts else None), stats
@@ -226,11 +231,19 @@ def token_kind(cfg, algo, hp, batch, R, ref_lp):
     return adv, (dict(old_values=v, value_targets=targets) if gae else {})
 
 
+def signed_kind(cfg, algo, hp, batch, R, ref_lp):
+    """(N, L) NSR's and W-REINFORCE's: no baseline, each turn's reward and the outcome's sign."""
+    turn_rewards = batch.turn_rewards  # the outcome: R without them
+    outcome = R if turn_rewards is None else R - turn_rewards.sum(1)
+    return losses.signed_advantages(outcome, turn_rewards, batch.mask, hp["pos_weight"]), {}
+
+
 TOKEN_KINDS = ("gae", "rpp", "rpp_baseline", *turns.KINDS)  # (N, L), their KL per token
 ADVANTAGES = {  # Algo.advantage -> f(cfg, algo, hp, batch, R, ref_lp) -> (adv, inputs)
     **dict.fromkeys(losses.GROUP_KINDS, group_kind),
     **dict.fromkeys(TOKEN_KINDS, token_kind),  # GAE, REINFORCE++, VinePPO, GiGPO
     "greedy": lambda cfg, algo, hp, batch, R, ref_lp: (R - batch.baseline, {}),  # ReMax
+    "signed": signed_kind,  # NSR, W-REINFORCE
     "first_wrong": cliff_kind}  # distillation's (teacher, None): distill.advantages
 
 # -------------------- a step
@@ -476,6 +489,7 @@ def resume(cfg, run, rank, run_config):
     run.state, ck = loop.resume(cfg, run.model, run.opt, run.task.tok, rank == 0, run_config)
     run.hp, rank_state = ck["hparams"], ck["ranks"][rank]
     run.prompts.load_state_dict(rank_state["sampler"])
+    run.counts = Counter(dict(rank_state["counts"]))
     dev = next(run.model.parameters()).device
     run.queue.extend((rows.from_dict(batch, dev), stats)
                      for batch, stats in rank_state["queue"])
@@ -485,7 +499,8 @@ def resume(cfg, run, rank, run_config):
 
 def save(cfg, run, run_config, name):
     """ckpt.pt or best.pt, with each rank's prompt sampler, queue and RM statistics."""
-    rank_state = {"sampler": run.prompts.state_dict(), "rm": run.rm and run.rm.state_dict(),
+    rank_state = {"sampler": run.prompts.state_dict(), "counts": list(run.counts.items()),
+                  "rm": run.rm and run.rm.state_dict(),
                   "queue": [(rows.to_dict(batch), stats) for batch, stats in run.queue]}
     loop.save(cfg, name, run.model, run.opt, run_config, run.state, run.task.tok, rank_state,
               hparams=run.hp)
@@ -525,6 +540,8 @@ def main(cfg):
     if cfg.replay or cfg.async_rollouts or cfg.inflight:  # a sampler process's or a log's
         train_step = asyncrl.Pipeline(cfg, run, rank, world, setup, sample, train) \
             if not cfg.replay else rollout_log.replay(cfg, algo, run, world, rank, train)
+    if any((cfg.count_bonus, cfg.repeat_penalty, cfg.temperature_start, cfg.explore_iters)):
+        train_step = explore.Scheduled(cfg, algo, run.task, train_step)  # nanorl/explore.py
     hparams = {f"hparams/{k}": v for k, v in run.hp.items() if v is not None}
     with loop.Clock(cfg, run.state, rank, resolved={**run_config, "hparams": run.hp}) as clock:
         if not cfg.resume:

@@ -368,7 +368,8 @@ def test_cliff_is_refused_without_the_exact_verifier_or_with_bpe(sft_ckpt, tmp_p
 
 def test_dynamic_sampling_keeps_groups_by_accuracy_not_by_shaped_reward(monkeypatch):
     """DAPO keeps a group when 0 < accuracy < 1. An all-wrong group whose overlong shaping differs
-    (rewards -1, -0.5, 0, 0) has no signal and is dropped; with a reward model, equal scores are."""
+    (rewards -1, -0.5, 0, 0) has no signal and is dropped; with a reward model, equal scores are.
+    The groups all lost and all won are counted by their scores."""
     class RM:  # its scores: equal in the first group only
         def score(self, b, normalize, update):
             b.reward = torch.tensor([0.3, 0.3, 0.3, 0.3, 0.1, 0.2, 0.1, 0.2, 0.5, 0.6, 0.7, 0.8])
@@ -385,6 +386,7 @@ def test_dynamic_sampling_keeps_groups_by_accuracy_not_by_shaped_reward(monkeypa
     run = make_run(cfg, None, char_task(list(range(10))))
     batch, stats = rl.collect(cfg, L.ALGOS["dapo"], run, None)
     assert batch.ids.flatten().tolist() == list(range(4, 8)) and stats["rl/zero_std_frac"] == pytest.approx(2 / 3)
+    assert stats["rl/all_lost_frac"] == pytest.approx(1 / 3) and stats["rl/all_won_frac"] == pytest.approx(1 / 3)
     run.rm = RM()
     batch, stats = rl.collect(cfg, L.ALGOS["dapo"], run, None)
     assert batch.ids.flatten().tolist() == list(range(4, 12)) and stats["rl/zero_std_frac"] == pytest.approx(1 / 3)
