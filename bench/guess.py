@@ -7,6 +7,9 @@ read back: wins within 7 turns, turns when won, invalid and inconsistent guesses
     python bench/guess.py --ckpt=out/rl-guess/ckpt.pt --traces=4
     python bench/guess.py --limit                                # (d) binary search, exactly
 
+Greedy, it also lists the losing states: each state [lo, hi] with t turns left whose move loses a
+winnable game (the policy's modal move; envs/guess.py's oracle), with that move.
+
 A guess is consistent when the numbers it could be are still possible (every game's feedback so far).
 """
 import os
@@ -25,7 +28,8 @@ from nanorl.rows import encode_prompts, responses  # noqa: E402
 
 
 def play(ckpt_path, G=8, temperature=1.0, seed=0):
-    """Every test secret G times -> (the games' Env objects, their decoded responses)."""
+    """Every test secret G times -> (the games' Env objects, their decoded responses, the losing
+    states: each (state, move) that lost a winnable game, sorted)."""
     ckpt = load_checkpoint(ckpt_path)
     model, tok = model_from_checkpoint(ckpt, ckpt_path)
     task = Task.of(ckpt, ckpt_path, tok)
@@ -34,7 +38,9 @@ def play(ckpt_path, G=8, temperature=1.0, seed=0):
                    ckpt["config"]["max_new_tokens"], tok.eos_id, tok.pad_id, G=G,
                    temperature=temperature, generator=torch.Generator().manual_seed(seed),
                    episodes=episodes)
-    return episodes.envs, [tok.decode(r) for r in responses(out)]
+    lost = sorted({(v.state, v.action) for v in episodes.visits if v.before > 0 and v.after == 0},
+                  key=lambda sa: (sa[0], str(sa[1])))  # an action None: a special token
+    return episodes.envs, [tok.decode(r) for r in responses(out)], lost
 
 
 def table_row(games):
@@ -80,12 +86,16 @@ def main(argv):
         return
     ckpt = args.get("ckpt", "out/sft-guess/ckpt.pt")
     for name, G, temperature in (("temperature 1, 8 games a secret", 8, 1.0), ("greedy", 1, 0.0)):
-        games, texts = play(ckpt, G, temperature)
+        games, texts, lost = play(ckpt, G, temperature)
         r = table_row(games)
         print(f"{name}: win within 7 {r['win']:.3f}, turns when won {r['turns_won']:.2f}, "
               f"invalid {r['invalid']:.3f}, consistent {r['consistent']:.3f}, "
               f"binary search {r['binary']:.3f}, "
               f"first guesses {r['first']}")
+        if G == 1:
+            print(f"  losing states: {len(lost)}" + "".join(
+                f"\n    [{lo}, {hi}] with {guess.TURNS - t} turns left: guesses {a}"
+                for (lo, hi, t), a in lost))
         if G > 1:
             for text, g in list(zip(texts, games))[:int(args.get("traces", 0)) * G:G]:
                 print(f"  secret {g.secret:3d}: {guess.PROMPT}{text}")

@@ -10,7 +10,9 @@ secret 8 times at temperature 1 and once greedily (bench/guess.py), and the tabl
 Each run is `python rl.py <the row's configs> --seed=S --sft_ckpt=...` under /usr/bin/time -v
 (wall, peak RSS), one at a time on --threads; its record goes to out_dir/<mode>/s<seed>/<row>.json
 (two invocations may run at once). Writes out_dir/table.md and win.png (held-out win within 7 at
-T = 1 against steps: a line per row and seed) from every record there.
+T = 1, and the greedy policy's losing states, against steps: a line per row and seed) from every
+record there. Losing states: the states whose modal move loses a winnable game (envs/guess.py's
+oracle); all-lose groups: the share of the groups sampled in the last 25 steps that lost every game.
 """
 import glob
 import json
@@ -25,11 +27,19 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 from guess import play, table_row  # noqa: E402
 
-ROWS = {"grpo": ["configs/rl_guess.py"], "pp": ["configs/rl_guess_pp.py"],  # their config files
+PP = "configs/rl_guess_pp.py"
+ROWS = {"grpo": ["configs/rl_guess.py"], "pp": [PP],  # their config files and flags
         "gigpo": ["configs/rl_guess.py", "configs/rl_guess_gigpo.py"],
-        "vine": ["configs/rl_guess_pp.py", "configs/rl_guess_vine.py"]}
+        "vine": [PP, "configs/rl_guess_vine.py"],
+        "oracle": [PP, "configs/rl_guess_oracle.py"],
+        "nsr": [PP, "--loss=nsr"], "w_reinforce": [PP, "--loss=w_reinforce"],
+        "bonus": [PP, "--count_bonus=0.1"], "hot": [PP, "--temperature_start=1.4", "--explore_iters=150"],
+        "optimum": ["configs/rl_guess_optimum.py"]}
 NAMES = {"grpo": "GRPO, the win", "pp": "REINFORCE++, process reward",
-         "gigpo": "GiGPO, discounted win", "vine": "VinePPO, process reward"}
+         "gigpo": "GiGPO, discounted win", "vine": "VinePPO, process reward",
+         "oracle": "REINFORCE++, the oracle's reward (control)", "nsr": "NSR, process reward",
+         "w_reinforce": "W-REINFORCE, process reward", "bonus": "REINFORCE++, count bonus 0.1",
+         "hot": "REINFORCE++, temperature 1.4 -> 1", "optimum": "the recipe (`configs/rl_guess_optimum.py`)"}
 
 
 def timed(cmd, log, env):
@@ -45,15 +55,23 @@ def timed(cmd, log, env):
 
 
 def curve(out):
-    """The run's held-out evals -> [(step, win at T = 1, greedy win, train seconds)]."""
+    """The run's held-out evals -> [(step, win at T = 1, greedy win, train seconds, losing
+    states)]."""
     rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
-    return [(r["step"], r["eval/pass@1"], r["eval/accuracy"], r["perf/train_s"])
-            for r in rows if "eval/pass@1" in r]
+    return [(r["step"], r["eval/pass@1"], r["eval/accuracy"], r["perf/train_s"],
+             r.get("eval/losing_states")) for r in rows if "eval/pass@1" in r]
+
+
+def all_lost(out, last=25):
+    """The share of the groups sampled that were all lost, over the run's last `last` steps."""
+    rows = [json.loads(line) for line in open(os.path.join(out, "metrics.jsonl"))]
+    shares = [r["rl/all_lost_frac"] for r in rows if "rl/all_lost_frac" in r][-last:]
+    return sum(shares) / len(shares)
 
 
 def first_at(points, level):
     """(steps, minutes) of the first eval at win >= level, or (None, None)."""
-    return next(((s, t / 60) for s, w, _, t in points if w >= level), (None, None))
+    return next(((s, t / 60) for s, w, _, t, _ in points if w >= level), (None, None))
 
 
 def run_one(args, mode, seed, row, env):
@@ -78,12 +96,13 @@ def run_one(args, mode, seed, row, env):
 
 def measure(out):
     """A run's last checkpoint played (8 games a secret at T = 1, and greedily) and its curve."""
-    games, _ = play(os.path.join(out, "ckpt.pt"), 8, 1.0)
-    greedy, _ = play(os.path.join(out, "ckpt.pt"), 1, 0.0)
+    games, _, _ = play(os.path.join(out, "ckpt.pt"), 8, 1.0)
+    greedy, _, lost = play(os.path.join(out, "ckpt.pt"), 1, 0.0)
     t1, g = table_row(games), table_row(greedy)
     points = curve(out)
     return {"win": t1["win"], "greedy": g["win"], "turns_won": t1["turns_won"],
             "binary": t1["binary"], "first": Counter(x.guesses[0] for x in games if x.guesses),
+            "losing": len(lost), "losing_states": lost, "all_lost": all_lost(out),
             "steps": points[-1][0], "train_min": points[-1][3] / 60, "curve": points,
             "to95": first_at(points, 0.95), "to99": first_at(points, 0.99)}
 
@@ -98,9 +117,9 @@ def spread(xs, fmt):
 
 def table(runs):
     """Markdown: a line per (mode, row), each number the mean (range) over its seeds."""
-    head = ("| mode | row | seeds | win at T = 1 | greedy | turns when won | steps to 0.95 | min to 0.95 "
-            "| steps to 0.99 | binary search | first guess | RL wall | peak RSS |")
-    lines = [head, "|" + "---|" * 13]
+    head = ("| mode | row | seeds | win at T = 1 | greedy | losing states | all-lose groups | turns when won "
+            "| steps to 0.95 | min to 0.95 | steps to 0.99 | binary search | first guess | RL wall | peak RSS |")
+    lines = [head, "|" + "---|" * 15]
     for mode, row in dict.fromkeys((r["mode"], r["row"]) for r in runs):
         rs = [r for r in runs if (r["mode"], r["row"]) == (mode, row)]
         reached = lambda k, i: [r[k][i] for r in rs]  # noqa: E731
@@ -116,6 +135,8 @@ def table(runs):
         lines.append(f"| {mode}, {threads} thr. | {NAMES[row]} | {', '.join(str(r['seed']) for r in rs)} | "
                      f"{spread([r['win'] for r in rs], '{:.3f}')} | "
                      f"{spread([r['greedy'] for r in rs], '{:.3f}')} | "
+                     f"{spread([r['losing'] for r in rs], '{:.1f}')} | "
+                     f"{spread([r['all_lost'] for r in rs], '{:.1%}')} | "
                      f"{spread([r['turns_won'] for r in rs], '{:.2f}')} | "
                      f"{spread(reached('to95', 0), '{:.0f}')}{never('to95')} | "
                      f"{spread(reached('to95', 1), '{:.1f}')} | "
@@ -127,21 +148,26 @@ def table(runs):
 
 
 def plot(runs, path):
-    """win.png: held-out win at T = 1 against steps, a colour per row, a line per seed."""
+    """win.png: held-out win at T = 1 and the greedy policy's losing states against steps, a
+    colour per row, a line per seed."""
     import matplotlib.figure  # not pyplot: no GUI backend
-    fig = matplotlib.figure.Figure(figsize=(7, 4), layout="tight")
-    ax = fig.add_subplot()
-    colours = dict(zip(ROWS, ("tab:gray", "tab:blue", "tab:green", "tab:red")))
+    fig = matplotlib.figure.Figure(figsize=(11, 4.5), layout="tight")
+    win_ax, lost_ax = fig.subplots(1, 2)
+    colours = dict(zip(ROWS, [f"C{i}" for i in range(10)]))
     for r in runs:
-        steps, win = zip(*[(s, w) for s, w, _, _ in r["curve"]])
+        steps, win, lost = zip(*[(p[0], p[1], p[4]) for p in r["curve"]])
         label = f"{NAMES[r['row']]}" if r["seed"] == min(x["seed"] for x in runs
                                                           if x["row"] == r["row"]) else None
-        ax.plot(steps, win, color=colours[r["row"]], alpha=0.8,
-                ls="-" if r["mode"] == "bf16" else "--", label=label)
-    ax.axhline(0.99, color="black", lw=0.8, ls=":", label="the target, 0.99")
-    ax.set(xlabel="RL step", ylabel="held-out win within 7 at T = 1", ylim=(0.3, 1.01),
-           title="Guess the number from random demonstrations (a line per seed)")
-    ax.legend(loc="lower right", fontsize=8)
+        style = dict(color=colours[r["row"]], alpha=0.8, ls="-" if r["mode"] == "bf16" else "--")
+        win_ax.plot(steps, win, label=label, **style)
+        if None not in lost:  # runs from before the oracle have no losing states
+            lost_ax.plot(steps, lost, **style)
+    win_ax.axhline(0.99, color="black", lw=0.8, ls=":", label="the target, 0.99")
+    win_ax.set(xlabel="RL step", ylabel="held-out win within 7 at T = 1", ylim=(0.3, 1.01),
+               title="Guess the number from random demonstrations")
+    lost_ax.set(xlabel="RL step", ylabel="losing states of the greedy policy",
+                title="States whose modal move loses a winnable game (a line per seed)")
+    win_ax.legend(loc="lower right", fontsize=7)
     fig.savefig(path, dpi=110)
 
 
