@@ -607,6 +607,8 @@ class Algo:  # a row: everything rl.py does for one --loss
     ratio: Optional[str] = "token"  # what --rollout_is reweighs: token, sequence, none
     on_policy: bool = False  # one optimizer step per fresh rollout
     binary: bool = False  # its advantage assumes 0/1 rewards
+    flat_teaches: bool = False  # an all-equal group has a signal (a teacher's, or no group
+    # baseline): dynamic sampling and prompt selection keep it
     overlong: int = 0  # DAPO's overlong shaping window in tokens
     family: str = "pg"  # pg: rollouts; pref: pairs; sft: supervised rows
     data: str = "rollout"  # pref: pairs, labels (KTO); sft: gold, samples
@@ -641,6 +643,7 @@ _SOFT = dict(beta=0.0, kl_estimator="k3")  # the in-loss KL of the unclipped row
 _RPP = dict(eps_low=0.2, eps_high=0.2, beta=0.01)
 _RPO = dict(beta=0.1, rpo_alpha=1.0)  # an NLL anchor (measured: docs/results.md)
 ON = dict(ratio=None, on_policy=True)  # REINFORCE-style: no ratio, one step per rollout
+SIGNED = dict(ON, flat_teaches=True)  # no group baseline: a group that lost every game teaches
 PAIRS = dict(ratio=None, on_policy=True, family="pref", data="pairs")
 ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
     "reinforce": Algo(pg, "mean", "reward", SUM, **ON, defaults=dict(beta=0.0)),
@@ -672,11 +675,11 @@ ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
     "gigpo": Algo(clip, "step_group", "loss", TOK,  # gamma: the step returns' discount
                   defaults=dict(_CLIP, beta=0.01, gamma=0.95, step_weight=1.0)),
     "remax": Algo(pg, "greedy", "reward", TOK, needs=("greedy",), **ON, defaults=dict(beta=0.0)),
-    "nsr": Algo(pg, "signed", "reward", TOK, **ON, defaults=dict(beta=0.0, pos_weight=0.0)),
-    "w_reinforce": Algo(pg, "signed", "reward", TOK, **ON, defaults=dict(beta=0.0, pos_weight=0.1)),
-    "opd": Algo(ratio_pg, "teacher", None, TOK, needs=("teacher",)),
+    "nsr": Algo(pg, "signed", "reward", TOK, **SIGNED, defaults=dict(beta=0.0, pos_weight=0.0)),
+    "w_reinforce": Algo(pg, "signed", "reward", TOK, **SIGNED, defaults=dict(beta=0.0, pos_weight=0.1)),
+    "opd": Algo(ratio_pg, "teacher", None, TOK, needs=("teacher",), flat_teaches=True),
     "gkd": Algo(gkd, None, None, TOK, needs=("teacher", "teacher_logits"), ratio=None,
-                defaults=dict(gkd_beta=1.0)),  # 1 = reverse KL
+                flat_teaches=True, defaults=dict(gkd_beta=1.0)),  # 1 = reverse KL
     "dpo": Algo(dpo_loss, None, None, "pairs", needs=("ref",), **PAIRS,
                 defaults=dict(_RPO, kind="sigmoid", label_smoothing=0.0)),
     "ipo": Algo(dpo_loss, None, None, "pairs", needs=("ref",), **PAIRS,

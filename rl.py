@@ -454,7 +454,7 @@ def check(cfg):
     if "teacher" in algo.needs:  # distillation
         distill.check(cfg, algo)
     pairs = algo.data in ("pairs", "labels")  # online: a right and a wrong answer a group
-    dynamic = cfg.dynamic_sampling and algo.family == "pg" and "teacher" not in algo.needs
+    dynamic = cfg.dynamic_sampling and algo.family == "pg" and not algo.flat_teaches
     return replace(cfg, dynamic_sampling=pairs or dynamic), algo, hp
 
 
@@ -473,7 +473,7 @@ def setup(cfg, algo, hp, dev, rank, world):
         turns.check(cfg, algo, task)
     offline = algo.family != "pg" and pref.offline(cfg, algo)  # a step of data files
     task.train = (pref.data(cfg, algo, task) if algo.family != "pg" else task.train)[rank::world]
-    select = cfg.prompt_selection and "teacher" not in algo.needs and not offline
+    select = cfg.prompt_selection and not algo.flat_teaches and not offline
     rm = RewardModel.load(cfg.rm_ckpt, task.tok, dev) if cfg.reward == "rm" else None
     teacher = distill.load(cfg.teacher_ckpt, task.tok, dev) if "teacher" in algo.needs else None
     return cfg, Run(model=model, compiled=torch.compile(model) if cfg.compile else model,

@@ -230,3 +230,12 @@ def test_scheduled_steps_see_their_temperature_and_log_it():
                      SimpleNamespace(state=SimpleNamespace(step=s)), 0.1, None)
     assert seen == [2.0, 1.75, 1.5, 1.25, 1.0, 1.0]
     assert stats == {"rl/x": 1, "rl/temperature": 1.0, "rl/count_bonus": 0.0, "rl/repeat_penalty": 0.0}
+
+
+def test_signed_rows_keep_the_groups_that_lost_every_game():
+    """NSR and W-REINFORCE have no group baseline: a group that lost every game pushes its moves
+    down, so dynamic sampling never drops it (nor prompt selection skips its prompt)."""
+    for name in ("nsr", "w_reinforce"):
+        cfg, algo, _ = rl.check(rl.Config(loss=name))
+        assert not cfg.dynamic_sampling and algo.flat_teaches
+    assert rl.check(rl.Config(loss="grpo"))[0].dynamic_sampling
