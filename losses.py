@@ -676,7 +676,8 @@ ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
                   defaults=dict(_CLIP, beta=0.01, gamma=0.95, step_weight=1.0)),
     "remax": Algo(pg, "greedy", "reward", TOK, needs=("greedy",), **ON, defaults=dict(beta=0.0)),
     "nsr": Algo(pg, "signed", "reward", TOK, **SIGNED, defaults=dict(beta=0.0, pos_weight=0.0)),
-    "w_reinforce": Algo(pg, "signed", "reward", TOK, **SIGNED, defaults=dict(beta=0.0, pos_weight=0.1)),
+    "w_reinforce": Algo(pg, "signed", "reward", TOK, **SIGNED,
+                        defaults=dict(beta=0.0, pos_weight=0.1)),  # the paper's lambda
     "opd": Algo(ratio_pg, "teacher", None, TOK, needs=("teacher",), flat_teaches=True),
     "gkd": Algo(gkd, None, None, TOK, needs=("teacher", "teacher_logits"), ratio=None,
                 flat_teaches=True, defaults=dict(gkd_beta=1.0)),  # 1 = reverse KL

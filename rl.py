@@ -22,8 +22,8 @@ import torch
 
 import losses
 from model import generate, logprobs, seeded
-from nanorl import (asyncrl, cliff, cov, distill, explore, loop, offpolicy, pref, remax, rm,
-                    rollout_log, rows, turns)
+from nanorl import (asyncrl, cliff, cov, distill, explore, loop, offpolicy, pref, remax,
+                    rm, rollout_log, rows, turns)
 from nanorl.config import UserError, check_bounds, run_cli
 from nanorl.ddp import all_reduce, bf16_default, mean_over_ranks, world_size
 from nanorl.evaluate import Task, evaluate_policy, load_policy
@@ -49,7 +49,7 @@ class Config(rm.Flags, pref.Flags, distill.Flags, offpolicy.Flags, rollout_log.F
     eval_interval: int = 25  # held-out eval this often, at step 0 and at the end
     prompts_per_step: int = 64
     group_size: int = 16  # G samples per prompt
-    temperature: float = 1.0  # the sampler's and the loss's (temperature_start: its anneal's end)
+    temperature: float = 1.0  # sampler and loss; the end of temperature_start's anneal
     env_args: dict = field(default_factory=dict)  # the task's environment's arguments
     max_new_tokens: Optional[int] = None  # None: the SFT checkpoint's
     dynamic_sampling: bool = True  # drop groups without signal, refill them
@@ -79,7 +79,7 @@ class Run:  # what setup builds once and every step reads
     teacher: Optional[torch.nn.Module] = None
     queue: deque = field(default_factory=deque)  # (rollout, sampling stats) to train on
     state: loop.State = field(default_factory=loop.State)  # a resume restores it
-    counts: Counter = field(default_factory=Counter)  # (state, action) -> N: the count bonus
+    counts: Counter = field(default_factory=Counter)  # (state, action) -> N: explore.py
 
 # -------------------- rollouts, rewards
 
@@ -135,7 +135,7 @@ def collect(cfg, algo, run, gen):
     """This rank's prompts x G samples -> (Rollout or None, stats). Dynamic sampling
     drops groups without signal and refills, up to max_refills more rounds."""
     parts, n_groups, n_sampled, n_flat, G, extra = [], 0, 0, 0, cfg.group_size, {}
-    # every row sampled, dropped or not: tokens per second, the share cut short, all lost/won
+    # every row sampled, dropped or not: tokens, rows cut short, groups all lost or won
     n_tok, n_cut, n_lost, n_won = 0.0, 0, 0, 0  # n_lost: groups all scored 0
     want = cfg.prompts_per_step // world_size()
     for _ in range(1 + (cfg.max_refills if cfg.dynamic_sampling else 0)):
@@ -232,10 +232,10 @@ def token_kind(cfg, algo, hp, batch, R, ref_lp):
 
 
 def signed_kind(cfg, algo, hp, batch, R, ref_lp):
-    """(N, L) NSR's and W-REINFORCE's: no baseline, each turn's reward and the outcome's sign."""
-    turn_rewards = batch.turn_rewards  # the outcome: R without them
+    """(N, L) NSR's and W-REINFORCE's: no baseline, each turn's reward and the outcome."""
+    turn_rewards, m = batch.turn_rewards, batch.mask  # the outcome: R without the turns'
     outcome = R if turn_rewards is None else R - turn_rewards.sum(1)
-    return losses.signed_advantages(outcome, turn_rewards, batch.mask, hp["pos_weight"]), {}
+    return losses.signed_advantages(outcome, turn_rewards, m, hp["pos_weight"]), {}
 
 
 TOKEN_KINDS = ("gae", "rpp", "rpp_baseline", *turns.KINDS)  # (N, L), their KL per token
@@ -540,8 +540,8 @@ def main(cfg):
     if cfg.replay or cfg.async_rollouts or cfg.inflight:  # a sampler process's or a log's
         train_step = asyncrl.Pipeline(cfg, run, rank, world, setup, sample, train) \
             if not cfg.replay else rollout_log.replay(cfg, algo, run, world, rank, train)
-    if any((cfg.count_bonus, cfg.repeat_penalty, cfg.temperature_start, cfg.explore_iters)):
-        train_step = explore.Scheduled(cfg, algo, run.task, train_step)  # nanorl/explore.py
+    if any(getattr(cfg, k) for k in explore.FLAGS):  # nanorl/explore.py
+        train_step = explore.Scheduled(cfg, algo, run.task, train_step)
     hparams = {f"hparams/{k}": v for k, v in run.hp.items() if v is not None}
     with loop.Clock(cfg, run.state, rank, resolved={**run_config, "hparams": run.hp}) as clock:
         if not cfg.resume:

@@ -4,6 +4,7 @@ player's games, then each RL row from that checkpoint; each run's last checkpoin
 secret 8 times at temperature 1 and once greedily (bench/guess.py), and the table reads it.
 
     python bench/guess_table.py --rows=gigpo,vine,pp,grpo --seeds=1337,1,2
+    python bench/guess_table.py --rows=oracle,nsr,w_reinforce --seeds=1337,1,2 --threads=1
     python bench/guess_table.py --fp32 ...    # as a CPU without bf16 runs (SFT --bf16=false, avx2)
     python bench/guess_table.py --report      # the table and plot of the runs already there
 
@@ -32,14 +33,16 @@ ROWS = {"grpo": ["configs/rl_guess.py"], "pp": [PP],  # their config files and f
         "gigpo": ["configs/rl_guess.py", "configs/rl_guess_gigpo.py"],
         "vine": [PP, "configs/rl_guess_vine.py"],
         "oracle": [PP, "configs/rl_guess_oracle.py"],
+        "oracle_hot": [PP, "configs/rl_guess_oracle.py", "--temperature_start=1.5", "--explore_iters=450",
+                       "--max_iters=500"],
         "nsr": [PP, "--loss=nsr"], "w_reinforce": [PP, "--loss=w_reinforce"],
-        "bonus": [PP, "--count_bonus=0.1"], "hot": [PP, "--temperature_start=1.4", "--explore_iters=150"],
-        "optimum": ["configs/rl_guess_optimum.py"]}
+        "bonus": [PP, "--count_bonus=0.1"], "hot": [PP, "--temperature_start=1.5", "--explore_iters=180"]}
 NAMES = {"grpo": "GRPO, the win", "pp": "REINFORCE++, process reward",
          "gigpo": "GiGPO, discounted win", "vine": "VinePPO, process reward",
          "oracle": "REINFORCE++, the oracle's reward (control)", "nsr": "NSR, process reward",
+         "oracle_hot": "the oracle's reward, temperature 1.5 -> 1 by step 450 of 500",
          "w_reinforce": "W-REINFORCE, process reward", "bonus": "REINFORCE++, count bonus 0.1",
-         "hot": "REINFORCE++, temperature 1.4 -> 1", "optimum": "the recipe (`configs/rl_guess_optimum.py`)"}
+         "hot": "REINFORCE++, temperature 1.5 -> 1 by step 180"}
 
 
 def timed(cmd, log, env):

@@ -33,7 +33,8 @@ class Env:
     turn_end, max_turns, max_obs = "|", TURNS, 1
 
     def __init__(self, answer, process_reward=False, oracle_reward=False):
-        self.secret, self.process_reward, self.oracle_reward = int(answer), process_reward, oracle_reward
+        self.secret, self.process_reward = int(answer), process_reward
+        self.oracle_reward = oracle_reward
         self.lo, self.hi, self.turns, self.won = LO, HI, 0, False
         self.invalid, self.inconsistent, self.guesses = 0, 0, []
 

@@ -28,6 +28,9 @@ class Flags:
     explore_iters: Optional[int] = None  # the step the anneals end; None: max_iters
 
 
+FLAGS = tuple(Flags.__annotations__)  # any of them set: rl.py explores
+
+
 class Scheduled:
     """rl.py's step function, checked and run with each step's config -> its stats and the
     schedule's values."""
