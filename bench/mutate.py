@@ -869,6 +869,9 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "explore: every step at the schedule's start", BONUS),
     (RL, "        if cfg.count_bonus or cfg.repeat_penalty:  # exploration: nanorl/explore.py\n",
      "        if False:\n", "scored: the count bonus never reaches the rollout", BONUS),
+    (RL, "run.counts = Counter(dict(rank_state[\"counts\"]))", "run.counts = Counter()",
+     "resume: the count bonus's N(s, a) start again at 0",
+     ("tests/test_envs.py::test_a_resumed_game_run_is_exact_with_its_queued_episodes",)),
 ]
 
 

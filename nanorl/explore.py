@@ -1,14 +1,16 @@
 """
 Exploration, off by default: a count bonus on each turn's (state, action), a within-group repeat
-penalty, and a hot-then-cold temperature schedule (docs/algorithms.md#exploration).
+penalty, and a hot-then-cold temperature schedule
+(docs/algorithms.md#exploration-the-oracle-negative-samples-a-count-bonus-a-temperature-schedule).
 
     python rl.py configs/rl_guess_pp.py --count_bonus=0.2 --temperature_start=1.3
 
-Count bonus (novelty, as MERCI, arXiv 2510.16614, counts it): a turn from state s (its Env's
+Count bonus (count-based novelty, as in MERCI, arXiv 2510.16614): a turn from state s (its Env's
 state()) that writes action a earns c / sqrt(1 + N(s, a)) on its last token, N the times this rank
 took a from s before this sampler call; the repeat penalty takes p x the share of the group's other
 rows that took the same a from the same s. Both are turn rewards, so per-turn credit rows (GiGPO,
-VinePPO, REINFORCE++) place them on the turn. Both anneal linearly to 0 by explore_iters, and the
+VinePPO, REINFORCE++) place them on the turn (VinePPO's branches, for its values, are scored
+without them). Both anneal linearly to 0 by explore_iters, and the
 temperature from temperature_start to --temperature (the sampler's and the loss's, the step's
 throughout); the steps after explore_iters sharpen at --temperature with no bonus.
 """
