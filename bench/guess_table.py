@@ -167,9 +167,9 @@ def plot(runs, path):
             lost_ax.plot(steps, lost, **style)
     win_ax.axhline(0.99, color="black", lw=0.8, ls=":", label="the target, 0.99")
     win_ax.set(xlabel="RL step", ylabel="held-out win within 7 at T = 1", ylim=(0.3, 1.01),
-               title="Guess the number from random demonstrations")
-    lost_ax.set(xlabel="RL step", ylabel="losing states of the greedy policy",
-                title="States whose modal move loses a winnable game (a line per seed)")
+               title="Guess the number from random demonstrations (a line per seed)")
+    lost_ax.set(xlabel="RL step", ylabel="states whose greedy move loses a winnable game",
+                title="Losing states (a line per seed)")
     win_ax.legend(loc="lower right", fontsize=7)
     fig.savefig(path, dpi=110)
 
