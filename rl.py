@@ -485,7 +485,7 @@ def setup(cfg, algo, hp, dev, rank, world):
 
 def resume(cfg, run, rank, run_config):
     """Continue exactly: weights, optimizer, loop state; each rank's prompt sampler,
-    queued rollouts and reward-model statistics."""
+    count-bonus counts, queued rollouts and reward-model statistics."""
     run.state, ck = loop.resume(cfg, run.model, run.opt, run.task.tok, rank == 0, run_config)
     run.hp, rank_state = ck["hparams"], ck["ranks"][rank]
     run.prompts.load_state_dict(rank_state["sampler"])
@@ -498,7 +498,7 @@ def resume(cfg, run, rank, run_config):
 
 
 def save(cfg, run, run_config, name):
-    """ckpt.pt or best.pt, with each rank's prompt sampler, queue and RM statistics."""
+    """ckpt.pt or best.pt, with each rank's sampler, counts, queue and RM statistics."""
     rank_state = {"sampler": run.prompts.state_dict(), "counts": list(run.counts.items()),
                   "rm": run.rm and run.rm.state_dict(),
                   "queue": [(rows.to_dict(batch), stats) for batch, stats in run.queue]}

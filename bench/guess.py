@@ -38,7 +38,7 @@ def play(ckpt_path, G=8, temperature=1.0, seed=0):
                    ckpt["config"]["max_new_tokens"], tok.eos_id, tok.pad_id, G=G,
                    temperature=temperature, generator=torch.Generator().manual_seed(seed),
                    episodes=episodes)
-    lost = sorted({(v.state, v.action) for v in episodes.visits if v.before > 0 and v.after == 0},
+    lost = sorted({(v.state, v.action) for v in episodes.visits if v.lost},
                   key=lambda sa: (sa[0], str(sa[1])))  # an action None: a special token
     return episodes.envs, [tok.decode(r) for r in responses(out)], lost
 

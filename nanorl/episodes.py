@@ -61,8 +61,13 @@ class Visit(NamedTuple):  # a turn taken: where it ends, from what, and the orac
     end: int  # its last token's (where its reward lands)
     state: Any  # Env.state() before it (None without one): the count bonus's s
     action: Optional[str]  # its text, normal order (None: it held a special token)
-    before: Optional[int]  # Env.winning_moves() before it and after (None without one):
-    after: Optional[int]  # a move with before > 0 and after 0 lost a winnable game
+    before: Optional[int]  # Env.winning_moves() before it and after (None without one)
+    after: Optional[int]
+
+    @property
+    def lost(self):
+        """The move lost a winnable game: winning moves before it, none after."""
+        return self.before is not None and self.before > 0 and self.after == 0
 
 
 class Episodes:

@@ -276,8 +276,7 @@ def env_metrics(calls, prefix):
 
 def losing_states(calls_episodes):
     """Episodes -> the set of states (Env.state()) from which a turn lost a winnable game."""
-    return {v.state for episodes in calls_episodes for v in episodes.visits
-            if v.before is not None and v.before > 0 and v.after == 0}
+    return {v.state for episodes in calls_episodes for v in episodes.visits if v.lost}
 
 
 def critical_entropy(calls, prefix, most=3):
