@@ -89,6 +89,26 @@ def group_advantages(rewards, kind="std", eps=1e-6):
     return torch.where(same, 0.0, adv)
 
 
+def pass_k_advantages(rewards, k, eps=1e-6):
+    """Pass@k training (Chen et al. 2025, arXiv 2508.10751): a group of G 0/1 rewards scored as
+    its C(G, k) subsets of k, each worth its best; a sample's advantage is the mean, over the
+    subsets that hold it, of the subset's reward minus their mean, over their std. With n wrong:
+    mean = 1 - C(n, k) / C(G, k), std = sqrt(mean (1 - mean)), A_right = (1 - mean) / std,
+    A_wrong = (1 - mean - C(n - 1, k - 1) / C(G - 1, k - 1)) / std: a wrong sample is charged
+    only where the other k - 1 are wrong too. k = 1 is GRPO's. rewards (P, G) -> (P, G)."""
+    G = rewards.shape[-1]
+    if not 1 <= k < G:  # k = G: one subset, the same for every sample, no signal
+        raise ValueError(f"pass_k must be in [1, group_size - 1 = {G - 1}], got {k}")
+    n = (rewards <= 0).sum(-1, keepdim=True)  # (P, 1) the wrong samples
+    miss = torch.tensor([math.comb(i, k) / math.comb(G, k) for i in range(G + 1)])  # (G + 1,)
+    alone = torch.tensor([math.comb(i - 1, k - 1) / math.comb(G - 1, k - 1) if i else 0.0
+                          for i in range(G + 1)])  # (G + 1,) the other k - 1 wrong as well
+    mean = 1 - miss.to(rewards.device)[n]  # (P, 1)
+    wrong = 1 - mean - alone.to(rewards.device)[n]  # (P, 1)
+    adv = torch.where(rewards > 0, 1 - mean, wrong) / ((mean * (1 - mean)).sqrt() + eps)
+    return torch.where(mean * (1 - mean) > 0, adv, 0.0)  # (P, G) all-equal groups: 0
+
+
 @torch.no_grad()
 def gae(rewards, values, mask, gamma, lam):
     """GAE (Schulman et al. 2016) -> (adv, the value targets A + V), (B, T) each, 0 off the mask:
@@ -600,7 +620,7 @@ def algo_loss(algo, hp, logp, old_logp, adv, mask, ref_logp=None, n_tokens=None,
 class Algo:  # a row: everything rl.py does for one --loss
     objective: Callable  # per token or per sequence (pg, clip, ...), or a pair loss
     advantage: Optional[str]  # group_advantages' kind, first_wrong, gae, rpp, vine, step_group,
-    # greedy, signed, teacher
+    # greedy, signed, pass_k, teacher
     kl: Optional[str]  # where beta's KL goes: "loss" (-beta KL), "reward" (-beta k1)
     agg: str  # what the loss divides by (aggregate)
     needs: tuple = ()  # values, teacher(_logits), greedy, group_correct, ref
@@ -624,7 +644,8 @@ class Algo:  # a row: everything rl.py does for one --loss
 
 
 COLUMNS = dict(advantage=(None, *GROUP_KINDS, "first_wrong", "gae", "rpp",
-                          "rpp_baseline", "vine", "step_group", "greedy", "signed", "teacher"),
+                          "rpp_baseline", "vine", "step_group", "greedy", "signed", "pass_k",
+                          "teacher"),
                kl=(None, "loss", "reward"),
                agg=("token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                     "seq-mean-token-sum-norm", "pairs", "answers"),
@@ -664,14 +685,16 @@ ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
                  defaults=dict(_SOFT, eps_low=0.4, eps_high=0.4)),
     "dppo": Algo(dppo, "std", "loss", TOK, defaults=dict(_SOFT, delta=0.2, is_cap=20.0)),
     "maxrl": Algo(pg, "maxrl", None, SEQ, **ON, binary=True),
+    "pass_k": Algo(clip, "pass_k", "loss", SEQ, binary=True, defaults=dict(_CLIP, pass_k=8)),
     "clip_cov": Algo(clip_cov, "std", "loss", TOK, select="clip_cov",
                      defaults=dict(_CLIP, cov_ratio=2e-4, cov_lb=1.0, cov_ub=5.0)),
     "kl_cov": Algo(kl_cov, "std", "loss", TOK, select="kl_cov",  # the 7B recipe
                    defaults=dict(_SOFT, cov_ratio=2e-3, cov_kl_coef=1.0)),
     "reinforce_pp": Algo(clip, "rpp", "reward", TOK, defaults=_RPP),
     "reinforce_pp_baseline": Algo(clip, "rpp_baseline", "reward", TOK, defaults=_RPP),
-    "vineppo": Algo(clip, "vine", "reward", TOK,  # K branches from each turn's state
-                    defaults=dict(eps_low=0.2, eps_high=0.2, beta=1e-4, branches=4)),
+    "vineppo": Algo(clip, "vine", "reward", TOK,  # K branches from each turn's state, or a table
+                    defaults=dict(eps_low=0.2, eps_high=0.2, beta=1e-4, branches=4,
+                                  value_table=0.0)),  # > 0: the table's least step
     "gigpo": Algo(clip, "step_group", "loss", TOK,  # gamma: the step returns' discount
                   defaults=dict(_CLIP, beta=0.01, gamma=0.95, step_weight=1.0)),
     "remax": Algo(pg, "greedy", "reward", TOK, needs=("greedy",), **ON, defaults=dict(beta=0.0)),

@@ -80,6 +80,7 @@ class Run:  # what setup builds once and every step reads
     queue: deque = field(default_factory=deque)  # (rollout, sampling stats) to train on
     state: loop.State = field(default_factory=loop.State)  # a resume restores it
     counts: Counter = field(default_factory=Counter)  # (state, action) -> N: explore.py
+    values: dict = field(default_factory=dict)  # state -> (N, V): VinePPO's value table
 
 # -------------------- rollouts, rewards
 
@@ -190,6 +191,11 @@ def group_kind(cfg, algo, hp, batch, R, ref_lp):
     return losses.group_advantages(R.view(-1, G), algo.advantage).flatten(), inputs
 
 
+def pass_k_kind(cfg, algo, hp, batch, R, ref_lp):
+    """(N,) pass@k training's: each sample's share of its group's best-of-k."""
+    return losses.pass_k_advantages(R.view(-1, cfg.group_size), hp["pass_k"]).flatten(), {}
+
+
 def cliff_kind(cfg, algo, hp, batch, R, ref_lp):
     """(N, L) CLIFF's: the group's, split at a wrong answer's first wrong token."""
     G, L = cfg.group_size, batch.mask.size(1)
@@ -244,6 +250,7 @@ ADVANTAGES = {  # Algo.advantage -> f(cfg, algo, hp, batch, R, ref_lp) -> (adv, 
     **dict.fromkeys(TOKEN_KINDS, token_kind),  # GAE, REINFORCE++, VinePPO, GiGPO
     "greedy": lambda cfg, algo, hp, batch, R, ref_lp: (R - batch.baseline, {}),  # ReMax
     "signed": signed_kind,  # NSR, W-REINFORCE
+    "pass_k": pass_k_kind,
     "first_wrong": cliff_kind}  # distillation's (teacher, None): distill.advantages
 
 # -------------------- a step
@@ -485,11 +492,12 @@ def setup(cfg, algo, hp, dev, rank, world):
 
 def resume(cfg, run, rank, run_config):
     """Continue exactly: weights, optimizer, loop state; each rank's prompt sampler,
-    count-bonus counts, queued rollouts and reward-model statistics."""
+    count-bonus counts, value table, queued rollouts and reward-model statistics."""
     run.state, ck = loop.resume(cfg, run.model, run.opt, run.task.tok, rank == 0, run_config)
     run.hp, rank_state = ck["hparams"], ck["ranks"][rank]
     run.prompts.load_state_dict(rank_state["sampler"])
     run.counts = Counter(dict(rank_state["counts"]))
+    run.values = dict(rank_state["values"])
     dev = next(run.model.parameters()).device
     run.queue.extend((rows.from_dict(batch, dev), stats)
                      for batch, stats in rank_state["queue"])
@@ -498,9 +506,9 @@ def resume(cfg, run, rank, run_config):
 
 
 def save(cfg, run, run_config, name):
-    """ckpt.pt or best.pt, with each rank's sampler, counts, queue and RM statistics."""
+    """ckpt.pt or best.pt, with each rank's sampler, counts, values, queue and RM statistics."""
     rank_state = {"sampler": run.prompts.state_dict(), "counts": list(run.counts.items()),
-                  "rm": run.rm and run.rm.state_dict(),
+                  "rm": run.rm and run.rm.state_dict(), "values": list(run.values.items()),
                   "queue": [(rows.to_dict(batch), stats) for batch, stats in run.queue]}
     loop.save(cfg, name, run.model, run.opt, run_config, run.state, run.task.tok, rank_state,
               hparams=run.hp)

@@ -5,6 +5,7 @@ secret 8 times at temperature 1 and once greedily (bench/guess.py), and the tabl
 
     python bench/guess_table.py --rows=gigpo,vine,pp,grpo --seeds=1337,1,2
     python bench/guess_table.py --rows=oracle,nsr,w_reinforce --seeds=1337,1,2 --threads=1
+    python bench/guess_table.py --rows=vine_table --seeds=1337,1,2 --threads=1
     python bench/guess_table.py --fp32 ...    # as a CPU without bf16 runs (SFT --bf16=false, avx2)
     python bench/guess_table.py --report      # the table and plot of the runs already there
 
@@ -31,7 +32,7 @@ from guess import play, table_row  # noqa: E402
 PP = "configs/rl_guess_pp.py"
 ROWS = {"grpo": ["configs/rl_guess.py"], "pp": [PP],  # their config files and flags
         "gigpo": ["configs/rl_guess.py", "configs/rl_guess_gigpo.py"],
-        "vine": [PP, "configs/rl_guess_vine.py"],
+        "vine": [PP, "configs/rl_guess_vine.py"], "vine_table": [PP, "configs/rl_guess_vine_table.py"],
         "oracle": [PP, "configs/rl_guess_oracle.py"],
         "oracle_hot": [PP, "configs/rl_guess_oracle.py", "--temperature_start=1.5", "--explore_iters=450",
                        "--max_iters=500"],
@@ -39,6 +40,7 @@ ROWS = {"grpo": ["configs/rl_guess.py"], "pp": [PP],  # their config files and f
         "bonus": [PP, "--count_bonus=0.1"], "hot": [PP, "--temperature_start=1.5", "--explore_iters=180"]}
 NAMES = {"grpo": "GRPO, the win", "pp": "REINFORCE++, process reward",
          "gigpo": "GiGPO, discounted win", "vine": "VinePPO, process reward",
+         "vine_table": "VinePPO, values from a table of past returns",
          "oracle": "REINFORCE++, the oracle's reward (control)", "nsr": "NSR, process reward",
          "oracle_hot": "the oracle's reward, temperature 1.5 -> 1 by step 450 of 500",
          "w_reinforce": "W-REINFORCE, process reward", "bonus": "REINFORCE++, count bonus 0.1",
@@ -153,10 +155,11 @@ def table(runs):
 def plot(runs, path):
     """win.png: held-out win at T = 1 and the greedy policy's losing states against steps, a
     colour per row, a line per seed."""
+    import matplotlib
     import matplotlib.figure  # not pyplot: no GUI backend
     fig = matplotlib.figure.Figure(figsize=(11, 4.5), layout="tight")
     win_ax, lost_ax = fig.subplots(1, 2)
-    colours = dict(zip(ROWS, [f"C{i}" for i in range(10)]))
+    colours = {row: matplotlib.colormaps["tab20"](i) for i, row in enumerate(ROWS)}  # 20 at most
     for r in runs:
         steps, win, lost = zip(*[(p[0], p[1], p[4]) for p in r["curve"]])
         label = f"{NAMES[r['row']]}" if r["seed"] == min(x["seed"] for x in runs

@@ -69,6 +69,7 @@ LOG_REPLAY = (LG + "replay_gives_the_logged_runs_weights",)
 EV, DDP, EP = "nanorl/evaluate.py", "tests/test_ddp.py::test_", "nanorl/episodes.py"
 TL, E = "envs/calculator.py", "tests/test_envs.py::test_"
 TU, TT = "nanorl/turns.py", "tests/test_turns.py::test_"
+PASS_K = ("tests/test_losses.py::test_pass_k_advantages_by_hand_and_by_every_subset",)
 VINE = (TT + "branches_of_a_deterministic_policy_reproduce_each_episodes_return_to_go",
         TT + "each_prefix_gets_k_continuations_from_its_replayed_state")
 STEP = (TT + "gigpo_advantage_of_three_turn_episodes_by_hand", TT + "gigpo_keys_each_turn_on_the_state_it_starts_from")
@@ -872,6 +873,37 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "        if False:\n", "scored: the count bonus never reaches the rollout", BONUS),
     (RL, "run.counts = Counter(dict(rank_state[\"counts\"]))", "run.counts = Counter()",
      "resume: the count bonus's N(s, a) start again at 0",
+     ("tests/test_envs.py::test_a_resumed_game_run_is_exact_with_its_queued_episodes",)),
+    (LP, "adv = torch.where(rewards > 0, 1 - mean, wrong) / ((mean * (1 - mean)).sqrt() + eps)",
+     "adv = torch.where(rewards > 0, 1 - mean, -mean) / ((mean * (1 - mean)).sqrt() + eps)",
+     "pass_k: a wrong sample charged as GRPO charges it", PASS_K),
+    (LP, "alone = torch.tensor([math.comb(i - 1, k - 1) / math.comb(G - 1, k - 1) if i else 0.0",
+     "alone = torch.tensor([math.comb(i - 1, k - 1) / math.comb(G, k - 1) if i else 0.0",
+     "pass_k: the other k - 1 drawn from G, not G - 1", PASS_K),
+    (LP, "miss = torch.tensor([math.comb(i, k) / math.comb(G, k) for i in range(G + 1)])",
+     "miss = torch.tensor([math.comb(i, k - 1) / math.comb(G, k - 1) for i in range(G + 1)])",
+     "pass_k: the group's mean of best-of-(k - 1)", PASS_K),
+    (LP, "    if not 1 <= k < G:  # k = G", "    if not 1 <= k <= G:  # k = G",
+     "pass_k: k = G accepted (no signal)", PASS_K),
+    (RL, 'return losses.pass_k_advantages(R.view(-1, cfg.group_size), hp["pass_k"]).flatten(), {}',
+     'return losses.pass_k_advantages(R.view(-1, cfg.group_size), 1).flatten(), {}',
+     "pass_k: the row trains GRPO's pass@1", (R + "pass_k_row_takes_its_k",)),
+    (TU, "table[state] = n + 1, v + max(1 / (n + 1), rate) * (ret - v)",
+     "table[state] = n + 1, v + rate * (ret - v)", "value table: a first visit moves V by the rate, not to G",
+     (TT + "value_table_is_a_running_mean_that_forgets_at_its_rate",)),
+    (TU, "table[state] = n + 1, v + max(1 / (n + 1), rate) * (ret - v)",
+     "table[state] = n + 1, v + 1 / (n + 1) * (ret - v)", "value table: never forgets (no least step)",
+     (TT + "value_table_is_a_running_mean_that_forgets_at_its_rate",)),
+    (TU, "return [[table[state][1] for _, state in row] for row in turns]",
+     "return [[0.0 for _, state in row] for row in turns]", "value table: every V(s) 0",
+     (TT + "value_table_is_a_running_mean_that_forgets_at_its_rate", TT + "value_table_gives_each_turn_the_mean_return_from_its_state")),
+    (TU, "togo = [[batch.reward[r].item() - earned[r, :s].sum().item() for s, _ in row]",
+     "togo = [[batch.reward[r].item() for s, _ in row]",
+     "value table: a turn's return counts the turn rewards before it", (TT + "value_table_gives_each_turn_the_mean_return_from_its_state",)),
+    (TU, "    if cfg.value_table and cfg.dynamic_sampling:\n", "    if False:\n",
+     "value table: learns only from the groups dynamic sampling keeps", (TT + "what_the_turns_credit_cannot_read_is_refused_in_one_line",)),
+    (RL, "run.values = dict(rank_state[\"values\"])", "run.values = {}",
+     "resume: the value table starts empty again",
      ("tests/test_envs.py::test_a_resumed_game_run_is_exact_with_its_queued_episodes",)),
 ]
 

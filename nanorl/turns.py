@@ -3,10 +3,12 @@ Credit per turn (docs/algorithms.md#credit-per-turn-vineppo-and-gigpo; the formu
 losses.vine_advantages, losses.step_advantages): after dynamic sampling, in the sampler, each kept
 episode's turns are replayed through fresh environments (Episodes.retake) and every policy token
 gets its turn's V(s_k) (VinePPO: the mean return from s_k of at least K = --branches continuations,
-the group's other rows through the prefix, then branches sampled from it; never the row's own) or
-state (GiGPO: an Env's optional state()).
+the group's other rows through the prefix, then branches sampled from it; never the row's own; or,
+with --value_table, a running mean of every past return from the Env's state()) or state (GiGPO:
+an Env's optional state()).
 
     python rl.py configs/rl_guess_pp.py configs/rl_guess_vine.py
+    python rl.py configs/rl_guess_pp.py --loss=vineppo --value_table=0.05 --dynamic_sampling=false
     python rl.py configs/rl_guess.py configs/rl_guess_gigpo.py
 """
 import torch
@@ -26,9 +28,25 @@ def check(cfg, algo, task):
                         f"{env.__name__}.Env has no state() method")
     if algo.advantage == "vine" and cfg.branches is not None and cfg.branches < 1:
         raise UserError(f"branches must be >= 1, got {cfg.branches}")
+    if algo.advantage == "vine" and cfg.value_table is not None:
+        check_table(cfg, env)
     if algo.advantage == "vine" and (cfg.reward != "verifier" or cfg.overlong_window):
         raise UserError(f"{cfg.loss} scores its branches as the episodes are scored: the "
                         "verifier (--reward=verifier), no shaping (--overlong_window=0)")
+
+
+def check_table(cfg, env):
+    """One line for a value table VinePPO cannot keep."""
+    if not 0 <= cfg.value_table <= 1:
+        raise UserError(f"value_table must be in [0, 1], got {cfg.value_table}")
+    if cfg.value_table and cfg.branches is not None:
+        raise UserError("VinePPO's values come from --branches or from --value_table: set one")
+    if cfg.value_table and not (env and hasattr(env.Env, "state")):
+        raise UserError("value_table keys its values by the environment's state: the task "
+                        "needs an environment whose Env has a state() method")
+    if cfg.value_table and cfg.dynamic_sampling:
+        raise UserError("value_table learns from every episode, and dynamic sampling drops the "
+                        "groups without signal: set --dynamic_sampling=false")
 
 
 @torch.no_grad()
@@ -48,6 +66,13 @@ def credit(cfg, algo, run, batch, idx, flat, gen):
                   for r, row in enumerate(turns)]
         batch.states = spread(turns, states, L).long().to(batch.mask.device)
         return batch
+    earned = batch.turn_rewards if batch.turn_rewards is not None else torch.zeros_like(batch.mu)
+    if run.hp["value_table"]:  # V(s_k) from every visit to s_k so far, this call's too
+        togo = [[batch.reward[r].item() - earned[r, :s].sum().item() for s, _ in row]
+                for r, row in enumerate(turns)]  # each turn's return from its state
+        value = table_values(run.values, turns, togo, run.hp["value_table"])
+        batch.values = spread(turns, value, L).to(batch.mask.device)
+        return batch
     K, paths = run.hp["branches"], {}  # (group, prefix) -> the group's rows through it
     for r, row in enumerate(turns):
         for s, _ in row:
@@ -55,7 +80,6 @@ def credit(cfg, algo, run, batch, idx, flat, gen):
     need = {key: max(0, K - len(rs) + 1) for key, rs in paths.items()}  # branches each needs
     branched = branch(cfg, run, problems, {key: (paths[key][0], n) for key, n in need.items() if n},
                       acts, gen)  # (group, prefix) -> its branches' returns
-    earned = batch.turn_rewards if batch.turn_rewards is not None else torch.zeros_like(batch.mu)
     value = {}  # (row, start) -> V(s_k): the other rows' returns from s_k and the branches'
     for (g, prefix), rs in paths.items():
         s = len(prefix)
@@ -66,6 +90,17 @@ def credit(cfg, algo, run, batch, idx, flat, gen):
     batch.values = spread(turns, [[value[r, s] for s, _ in row] for r, row in enumerate(turns)],
                           L).to(batch.mask.device)
     return batch
+
+
+def table_values(table, turns, togo, rate):
+    """VinePPO's V(s) from a table (state -> (N, V)) instead of branches: each visit to state s
+    with return G moves V(s) by max(1/N, rate) (G - V(s)), a running mean that forgets at the
+    rate once N > 1/rate; then every turn reads its state's -> [[V(s_k)] a row]."""
+    for row, returns in zip(turns, togo):
+        for (_, state), ret in zip(row, returns):
+            n, v = table.get(state, (0, 0.0))
+            table[state] = n + 1, v + max(1 / (n + 1), rate) * (ret - v)
+    return [[table[state][1] for _, state in row] for row in turns]
 
 
 def branch(cfg, run, problems, wanted, acts, gen):

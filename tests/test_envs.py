@@ -402,11 +402,12 @@ def guess_ckpt(tmp_path_factory):
 
 
 @pytest.mark.parametrize("loss, kw", [("grpo", dict(staleness=1)), ("ppo", {}),
-                                      ("reinforce_pp", dict(count_bonus=0.3, temperature_start=1.3))])
+                                      ("reinforce_pp", dict(count_bonus=0.3, temperature_start=1.3)),
+                                      ("vineppo", dict(value_table=0.1, dynamic_sampling=False))])
 def test_a_resumed_game_run_is_exact_with_its_queued_episodes(guess_ckpt, tmp_path, monkeypatch, loss, kw):
     """Interrupted in step 2 and resumed: the same weights and metrics as one whole run; with
     staleness 1 the queued rollout keeps each row's turn rewards, turns and invalid turns; with
-    a count bonus the counts N(s, a) and the schedule resume too."""
+    a count bonus the counts N(s, a) and the schedule resume too, with a value table its values."""
     from test_reliability import rows, same_weights, signal_on_call
     cfg = dict(TINY_RL, sft_ckpt=guess_ckpt, loss=loss, **kw)
     whole = rl.main(rl.Config(out_dir=str(tmp_path / "whole"), **cfg))

@@ -199,6 +199,49 @@ def test_each_prefix_gets_k_continuations_from_its_replayed_state(monkeypatch):
     torch.testing.assert_close(b.values[:, 0], ((R.sum(1, keepdim=True) - R) / 3).flatten())
 
 
+def test_value_table_is_a_running_mean_that_forgets_at_its_rate():
+    """Rate 0.4: a state's first visit sets V = G, its second moves V by 1/2, its third by
+    max(1/3, 0.4) = 0.4; each turn then reads its state's V after the call's visits."""
+    table = {}
+    rows_ = [[(0, "a"), (3, "b")], [(0, "a"), (2, "c")]]
+    got = turns.table_values(table, rows_, [[1.0, 0.5], [0.0, 0.2]], 0.4)
+    assert got == [[0.5, 0.5], [0.5, 0.2]]  # a: 1.0, then 1.0 + (0.0 - 1.0) / 2
+    assert table == {"a": (2, 0.5), "b": (1, 0.5), "c": (1, 0.2)}
+    assert turns.table_values(table, [[(0, "a")]], [[1.5]], 0.4) == [[0.5 + 0.4 * (1.5 - 0.5)]]
+    assert table["a"][0] == 3
+
+
+def test_value_table_gives_each_turn_the_mean_return_from_its_state():
+    """A rate near 0 keeps the exact mean: every turn's V(s_k), on each of its tokens, is the
+    mean return-to-go (turn rewards, then the score) of every visit to s_k in the batch, the
+    environment replayed to find s_k; the row's advantages then follow losses.vine_advantages."""
+    model = tiny_model(seed=3)
+    hook = biased(model, "0123456789|")
+    try:
+        b, run, cfg, gen = game_batch(model, [3, 40, 77], G=4)
+        run.hp["value_table"] = 1e-9
+        cfg = replace(cfg, dynamic_sampling=False)
+        b = turns.credit(cfg, L.ALGOS["vineppo"], run, b, [0, 1, 2], torch.zeros(3, dtype=torch.bool), gen)
+    finally:
+        hook.remove()
+    r = b.turn_rewards.clone()
+    r[torch.arange(len(r)), b.mask.shape[1] - 1 - b.mask.flip(1).argmax(1)] += b.score
+    togo = r.flip(1).cumsum(1).flip(1)  # (N, L) the return from each position on
+    visits = []  # (row, start, end, state)
+    for i, (row, act) in enumerate(zip(rl.rows.responses(b), b.mask.tolist())):
+        starts = episodes([[3, 40, 77][i // 4]]).retake(0, row, act)
+        ends = [s for s, _ in starts[1:]] + [len(row)]
+        visits += [(i, s, e, state) for (s, state), e in zip(starts, ends)]
+    by_state = {}
+    for i, s, _, state in visits:
+        by_state.setdefault(state, []).append(togo[i, s].item())
+    assert max(len(v) for v in by_state.values()) > 1 and len(by_state) > 5
+    for i, s, e, state in visits:
+        want = sum(by_state[state]) / len(by_state[state])
+        torch.testing.assert_close(b.values[i, s:e], torch.full((e - s,), want), atol=1e-5, rtol=0)
+    assert len(run.values) == len(by_state) and all(n == len(by_state[k]) for k, (n, _) in run.values.items())
+
+
 @pytest.mark.parametrize("dynamic_sampling", [True, False])
 def test_gigpo_keys_each_turn_on_the_state_it_starts_from(dynamic_sampling):
     """Two turns of one group get one id exactly when their games reach the same interval at the
@@ -232,6 +275,15 @@ def test_what_the_turns_credit_cannot_read_is_refused_in_one_line():
     turns.check(rl.Config(loss="gigpo"), L.ALGOS["gigpo"], game)
     with pytest.raises(UserError, match="branches must be >= 1, got 0"):
         turns.check(rl.Config(loss="vineppo", branches=0), L.ALGOS["vineppo"], game)
+    off = dict(loss="vineppo", dynamic_sampling=False)
+    turns.check(rl.Config(**off, value_table=0.05), L.ALGOS["vineppo"], game)
+    for kw, words in ((dict(value_table=1.5), r"value_table must be in \[0, 1\], got 1.5"),
+                      (dict(value_table=0.1, branches=2), "from --branches or from --value_table: set one"),
+                      (dict(value_table=0.1, dynamic_sampling=True), "set --dynamic_sampling=false")):
+        with pytest.raises(UserError, match=words):
+            turns.check(rl.Config(**{**off, **kw}), L.ALGOS["vineppo"], game)
+    with pytest.raises(UserError, match="value_table keys its values by the environment's state"):
+        turns.check(rl.Config(**off, value_table=0.1), L.ALGOS["vineppo"], tool)
     for kw in (dict(reward="rm"), dict(overlong_window=4)):
         with pytest.raises(UserError, match=r"\(--reward=verifier\), no shaping \(--overlong_window=0\)"):
             turns.check(rl.Config(loss="vineppo", **kw), L.ALGOS["vineppo"], game)
