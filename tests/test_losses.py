@@ -234,6 +234,35 @@ def test_group_advantages_all_equal_exactly_zero_and_unknown_kind():
         group_advantages(torch.zeros(1, 4), "median")
 
 
+def test_pass_k_advantages_by_hand_and_by_every_subset():
+    """G = 4, k = 2, one right: of the 6 pairs 3 hold it (each worth 1), so the mean is 1/2 and
+    the std 1/2; the right sample's pairs average 1 (A = (1 - 1/2) / (1/2) = 1), a wrong one's
+    1/3 (A = (1/3 - 1/2) / (1/2) = -1/3). Then every group of 6 against its 15 pairs counted one
+    by one; k = 1 is GRPO's; all-equal groups 0; k outside [1, G) refused."""
+    import itertools
+    import math
+    from losses import pass_k_advantages
+    r = torch.tensor([[1.0, 0, 0, 0], [1, 1, 0, 0]])
+    torch.testing.assert_close(pass_k_advantages(r, 2), torch.tensor(
+        [[1, -1 / 3, -1 / 3, -1 / 3], [1 / 5 ** 0.5, 1 / 5 ** 0.5, -1 / 5 ** 0.5, -1 / 5 ** 0.5]]), atol=1e-5, rtol=0)
+    for right in range(1, 6):
+        for k in (2, 3, 4):
+            g = torch.tensor([[1.0] * right + [0.0] * (6 - right)])
+            pairs = list(itertools.combinations(range(6), k))
+            best = {c: max(g[0, list(c)]).item() for c in pairs}
+            mean = sum(best.values()) / len(pairs)
+            std = math.sqrt(sum((b - mean) ** 2 for b in best.values()) / len(pairs))
+            want = [(sum(best[c] for c in pairs if i in c) / math.comb(5, k - 1) - mean) / std if std else 0.0
+                    for i in range(6)]  # every subset right (5 of 6, k > 1): no signal
+            torch.testing.assert_close(pass_k_advantages(g, k)[0], torch.tensor(want), atol=1e-4, rtol=0)
+    g = torch.tensor([[1.0, 0, 0, 1, 0], [0, 0, 0, 0, 0], [1, 1, 1, 1, 1]])
+    torch.testing.assert_close(pass_k_advantages(g, 1), group_advantages(g, "std"), atol=1e-5, rtol=0)
+    assert torch.equal(pass_k_advantages(g, 3)[1:], torch.zeros(2, 5))
+    for k in (0, 5):
+        with pytest.raises(ValueError, match=r"pass_k must be in \[1, group_size - 1 = 4\], got " + str(k)):
+            pass_k_advantages(g, k)
+
+
 @pytest.mark.parametrize("lam,expected", [
     (1.0, [0.729, 1.31, 0.9, 0.5]), (0.0, [-0.45, 0.5, 0.45, 0.5]), (0.5, [-0.0883125, 0.80375, 0.675, 0.5]),
 ])
@@ -358,7 +387,7 @@ def test_micro_batches_with_global_counts_equal_the_full_batch(name):
 MICRO_NORMS = [  # (loss, per-sequence token mean first?, global count it divides by: n_tokens 10, n_seqs 4)
     ("reinforce", False, 4), ("rloo", False, 4), ("grpo", True, 4), ("cliff", True, 4), ("sapo", True, 4),
     ("pnpo", True, 4), ("gspo", True, 4), ("gapo", True, 4), ("dr_grpo", False, 4 * 4), ("dapo", False, 10),
-    ("cispo", False, 10), ("ppo", False, 10), ("gmpo", True, 4), ("dppo", False, 10), ("maxrl", True, 4),
+    ("cispo", False, 10), ("ppo", False, 10), ("gmpo", True, 4), ("dppo", False, 10), ("maxrl", True, 4), ("pass_k", True, 4),
     ("clip_cov", False, 10), ("kl_cov", False, 10), ("reinforce_pp", False, 10), ("reinforce_pp_baseline", False, 10),
     ("remax", False, 10), ("opd", False, 10),
 ]
