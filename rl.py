@@ -93,8 +93,6 @@ def rollout(cfg, algo, run, idx, gen, G, temperature):
     n = max(1, cfg.sample_batch_size // G)  # prompts per sampler call
     for i in range(0, len(problems), n):
         episodes = task.episodes(problems[i:i + n], G)  # None without an environment
-        if cfg.start_depth:  # exploring starts: a demonstration's first turns (explore.py)
-            explore.starts(cfg, task, problems[i:i + n], episodes, run.state.step)
         out = generate(run.model, prompts[i:i + n], cfg.max_new_tokens, tok.eos_id, tok.pad_id,
                        G=G, temperature=temperature, generator=gen, episodes=episodes)
         parts.append(scored(cfg, algo, run, out, problems[i:i + n], G, episodes))

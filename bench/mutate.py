@@ -70,8 +70,6 @@ EV, DDP, EP = "nanorl/evaluate.py", "tests/test_ddp.py::test_", "nanorl/episodes
 TL, E = "envs/calculator.py", "tests/test_envs.py::test_"
 TU, TT = "nanorl/turns.py", "tests/test_turns.py::test_"
 PASS_K = ("tests/test_losses.py::test_pass_k_advantages_by_hand_and_by_every_subset",)
-STARTS = ("tests/test_explore.py::test_exploring_starts_force_a_demonstrations_first_turns",
-          "tests/test_explore.py::test_exploring_starts_never_force_a_demonstrations_last_turn")
 VINE = (TT + "branches_of_a_deterministic_policy_reproduce_each_episodes_return_to_go",
         TT + "each_prefix_gets_k_continuations_from_its_replayed_state")
 STEP = (TT + "gigpo_advantage_of_three_turn_episodes_by_hand", TT + "gigpo_keys_each_turn_on_the_state_it_starts_from")
@@ -550,8 +548,8 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "episodes: a group's rows play other problems' secrets", ROWS_REPLAY + SECRETS),
     (EP, "mask += [1] * len(policy_ids) + [0] * len(obs)", "mask += [1] * (len(policy_ids) + len(obs))",
      "play_demo: a demonstration's observations are SFT targets", REPLAY),
-    (EP, "        return ids + [tok.eos_id], mask + [0]",
-     "        return ids + [tok.eos_id], mask + [1]",
+    (EP, "            return ids + [tok.eos_id], mask + [0]",
+     "            return ids + [tok.eos_id], mask + [1]",
      "play_demo: the environment's EOS is an SFT target", REPLAY),
     (EP, "if done or k >= env.max_turns:", "if done:", "play_demo: no bound on the turns", BOUNDS),
     (EP, "return float(self.envs[r].score(None if final is None else",
@@ -890,16 +888,6 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     (RL, 'return losses.pass_k_advantages(R.view(-1, cfg.group_size), hp["pass_k"]).flatten(), {}',
      'return losses.pass_k_advantages(R.view(-1, cfg.group_size), 1).flatten(), {}',
      "pass_k: the row trains GRPO's pass@1", (R + "pass_k_row_takes_its_k",)),
-    ("nanorl/explore.py", "j = rng.randint(0, min(cfg.start_depth, len(turns) - 1))", "j = rng.randint(0, cfg.start_depth)",
-     "starts: a prefix may hold the demonstration's last turn", STARTS),
-    ("nanorl/explore.py", "episodes.start[r], episodes.queue[r] = len(ids), list(ids)  # then forced",
-     "episodes.queue[r] = list(ids)", "starts: the policy's first turn read from the response's start", STARTS),
-    ("nanorl/explore.py", "start_depth=round(cfg.start_depth * (1 - frac)))", "start_depth=cfg.start_depth)",
-     "starts: the depth never anneals", STARTS),
-    ("nanorl/explore.py", "rng = random.Random(f\"{cfg.seed}:{step}:{prompt}:{answer}\")",
-     "rng = random.Random(f\"{cfg.seed}:{prompt}:{answer}\")", "starts: the same prefix every step", STARTS),
-    (RL, "        if cfg.start_depth:  # exploring starts", "        if False:  # exploring starts",
-     "starts: never reach the rollout", STARTS),
     (TU, "table[state] = n + 1, v + max(1 / (n + 1), rate) * (ret - v)",
      "table[state] = n + 1, v + rate * (ret - v)", "value table: a first visit moves V by the rate, not to G",
      (TT + "value_table_is_a_running_mean_that_forgets_at_its_rate",)),

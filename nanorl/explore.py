@@ -1,10 +1,9 @@
 """
 Exploration, off by default: a count bonus on each turn's (state, action), a within-group repeat
-penalty, a hot-then-cold temperature schedule and exploring starts (docs/algorithms.md,
-"Exploration: the oracle, negative samples, a count bonus, a temperature schedule, pass@k").
+penalty, and a hot-then-cold temperature schedule
+(docs/algorithms.md#exploration-the-oracle-negative-samples-a-count-bonus-a-temperature-schedule).
 
     python rl.py configs/rl_guess_pp.py --count_bonus=0.2 --temperature_start=1.3
-    python rl.py configs/rl_guess_pp.py --start_depth=6 --explore_iters=400 --max_iters=600
 
 Count bonus (count-based novelty, as in MERCI, arXiv 2510.16614): a turn from state s (its Env's
 state()) that writes action a earns c / sqrt(1 + N(s, a)) on its last token, N the times this rank
@@ -14,19 +13,13 @@ VinePPO, REINFORCE++) place them on the turn (VinePPO's branches, for its values
 without them). Both anneal linearly to 0 by explore_iters, and the
 temperature from temperature_start to --temperature (the sampler's and the loss's, the step's
 throughout); the steps after explore_iters sharpen at --temperature with no bonus.
-
-Exploring starts (starts): each group's games open with the first turns of a demonstration, the
-depth annealed to 0 by explore_iters: a reverse curriculum.
 """
 import math
-import random
 from collections import Counter
 from dataclasses import dataclass, replace
 from typing import Optional
 
-from nanorl import turns
 from nanorl.config import UserError, check_bounds
-from nanorl.episodes import play_turns
 
 
 @dataclass
@@ -34,7 +27,6 @@ class Flags:
     count_bonus: float = 0.0  # c: a turn earns c / sqrt(1 + N(s, a)); needs an Env with state()
     repeat_penalty: float = 0.0  # p x the share of its group's other rows with the same (s, a)
     temperature_start: Optional[float] = None  # hot: annealed linearly to --temperature
-    start_depth: int = 0  # exploring starts: games open with up to this many demonstration turns
     explore_iters: Optional[int] = None  # the step the anneals end; None: max_iters
 
 
@@ -46,62 +38,33 @@ class Scheduled:
     schedule's values."""
 
     def __init__(self, cfg, algo, task, step):
-        check_bounds(cfg, "temperature_start explore_iters > 0",
-                     "count_bonus repeat_penalty start_depth >= 0")
+        check_bounds(cfg, "temperature_start explore_iters > 0", "count_bonus repeat_penalty >= 0")
         if cfg.async_rollouts or cfg.inflight or cfg.replay or algo.family != "pg":
             raise UserError("the exploration flags (count_bonus, repeat_penalty, "
-                            "temperature_start, start_depth) need a synchronous policy-gradient row")
+                            "temperature_start) need a synchronous policy-gradient row")
         counted = cfg.count_bonus or cfg.repeat_penalty
         if counted and not (task.env_module and hasattr(task.env_module.Env, "state")):
             raise UserError("count_bonus and repeat_penalty count (state, action) pairs: the "
                             "task needs an environment whose Env has a state() method")
-        env = task.env_module
-        if cfg.start_depth and (not (env and hasattr(env, "demo")) or algo.advantage in turns.KINDS):
-            raise UserError("start_depth opens games with a demonstration's turns: it needs an "
-                            "environment with demonstrations and a row whose credit reads only "
-                            "the sampled turns (not vineppo or gigpo)")
-        if not (counted or cfg.temperature_start or cfg.start_depth):
-            raise UserError("explore_iters ends the anneals of count_bonus, repeat_penalty, "
-                            "temperature_start and start_depth: set one of them")
+        if not (counted or cfg.temperature_start):
+            raise UserError("explore_iters ends the anneals of count_bonus, repeat_penalty and "
+                            "temperature_start: set one of them")
         self.step = step
 
     def __call__(self, cfg, algo, run, lr, gen):
         cfg = scheduled(cfg, run.state.step)
         return {**self.step(cfg, algo, run, lr, gen), "rl/temperature": cfg.temperature,
-                "rl/count_bonus": cfg.count_bonus, "rl/repeat_penalty": cfg.repeat_penalty,
-                "rl/start_depth": cfg.start_depth}
+                "rl/count_bonus": cfg.count_bonus, "rl/repeat_penalty": cfg.repeat_penalty}
 
 
 def scheduled(cfg, step):
-    """The config of step `step` (0-based): its temperature, bonus weights and start depth,
-    annealed linearly over explore_iters steps (None: max_iters)."""
+    """The config of step `step` (0-based): its temperature and bonus weights, annealed
+    linearly over explore_iters steps (None: max_iters)."""
     frac = min(1.0, step / (cfg.explore_iters or cfg.max_iters))  # 1 from explore_iters on
     hot = cfg.temperature if cfg.temperature_start is None else cfg.temperature_start
     return replace(cfg, temperature=hot + (cfg.temperature - hot) * frac,
                    count_bonus=cfg.count_bonus * (1 - frac),
-                   repeat_penalty=cfg.repeat_penalty * (1 - frac),
-                   start_depth=round(cfg.start_depth * (1 - frac)))
-
-
-def starts(cfg, task, problems, episodes, step):
-    """Exploring starts, a reverse curriculum (R3: Xi et al. 2024, arXiv 2402.05808): the G games
-    of each problem open with the first j turns of one demonstration (the task's Env module's
-    demo()), forced into the responses at action 0 (no gradient, no reward; they count against
-    max_new_tokens and the turns) with the environments replayed to them; j is uniform in 0..d
-    (never the demonstration's last turn), d the step's start_depth (scheduled: annealed linearly
-    to 0 by explore_iters), so the policy meets the states a demonstration reaches late before the
-    ones it reaches early, and plays whole games at the end."""
-    G = len(episodes.envs) // len(problems)
-    for i, (prompt, answer) in enumerate(problems):
-        rng = random.Random(f"{cfg.seed}:{step}:{prompt}:{answer}")
-        turns, _ = task.env_module.demo(prompt, answer, rng)
-        j = rng.randint(0, min(cfg.start_depth, len(turns) - 1))  # the step's depth
-        ids, act, _ = play_turns(task.env_module, answer, turns[:j], task.tok, task.reverse)
-        for r in range(i * G, (i + 1) * G):
-            episodes.retake(r, ids, act)  # the environment at the prefix's end
-            episodes.start[r], episodes.queue[r] = len(ids), list(ids)  # then forced
-    episodes.queue = {r: q for r, q in episodes.queue.items() if q}
-    episodes.visits.clear()  # the demonstration's turns are not the policy's
+                   repeat_penalty=cfg.repeat_penalty * (1 - frac))
 
 
 def bonus(cfg, counts, batch, episodes, G):

@@ -153,9 +153,8 @@ def test_signed_kind_reads_the_outcome_without_the_turn_rewards():
 
 def test_schedule_anneals_the_temperature_and_the_bonus_linearly():
     cfg = rl.Config(temperature=1.0, temperature_start=1.4, count_bonus=0.2, repeat_penalty=0.1,
-                    start_depth=6, explore_iters=100, max_iters=150)
+                    explore_iters=100, max_iters=150)
     at = {s: explore.scheduled(cfg, s) for s in (0, 25, 100, 140)}
-    assert [c.start_depth for c in at.values()] == [6, 4, 0, 0]  # round(4.5): 4
     assert [round(c.temperature, 6) for c in at.values()] == [1.4, 1.3, 1.0, 1.0]
     assert [round(c.count_bonus, 6) for c in at.values()] == [0.2, 0.15, 0.0, 0.0]
     assert [round(c.repeat_penalty, 6) for c in at.values()] == [0.1, 0.075, 0.0, 0.0]
@@ -204,80 +203,13 @@ def test_the_bonus_reaches_the_rollout_and_its_counts():
     assert sum(run.counts.values()) == int(b.turns.sum())
 
 
-def starts_rollout(step, **kw):
-    """rl.rollout of 3 secrets x 4 games from a tiny model at step `step`."""
-    task = Task(TOK, "env:guess", False, "exact", 0, [("1-100:", s) for s in ("3", "40", "77")],
-                env_module=GUESS, env_args={"process_reward": True})
-    model = tiny_model()
-    hook = biased(model, "0123456789|")
-    try:
-        cfg = explore.scheduled(rl.Config(loss="grpo", group_size=4, max_new_tokens=40, overlong_window=0,
-                                          seed=5, env_args={"process_reward": True}, **kw), step)
-        run = make_run(cfg, model, task)
-        run.state.step = step
-        b = rl.rollout(cfg, L.ALGOS["grpo"], run, [0, 1, 2], torch.Generator().manual_seed(0), 4, 1.0)
-    finally:
-        hook.remove()
-    return b, task
-
-
-def test_exploring_starts_force_a_demonstrations_first_turns():
-    """start_depth 6 at step 0: each group's games open with the first j turns (j <= 6, never the
-    last) of the demonstration drawn from (seed, step, prompt, answer), forced at action 0 with
-    no reward; the environment counts them (turns, guesses) and scores the whole game; every
-    reward lands on the policy's own turns. At the anneal's end (step >= explore_iters) the
-    rollout is the one without starts, bit for bit."""
-    import random
-    from nanorl.episodes import play_turns
-    b, task = starts_rollout(0, start_depth=6, explore_iters=10)
-    resp = rl.rows.responses(b)
-    seen_j = set()
-    for g, (prompt, secret) in enumerate(task.train):
-        rng = random.Random(f"5:0:{prompt}:{secret}")
-        turns, _ = guess.demo(prompt, secret, rng)
-        j = rng.randint(0, min(6, len(turns) - 1))
-        ids, act, done = play_turns(guess, secret, turns[:j], TOK, False)
-        seen_j.add(j)
-        assert not done
-        for r in range(4 * g, 4 * g + 4):
-            assert resp[r][:len(ids)] == ids and b.mask[r, :len(ids)].sum() == 0
-            assert (b.turn_rewards[r, :len(ids)] == 0).all() and b.turns[r] >= j
-            env = guess.Env(secret)
-            for t in turns[:j]:
-                env.step(t)
-            text = TOK.decode(resp[r])
-            for turn in text[len(TOK.decode(ids)):].split("|")[:-1]:  # the policy's: then replayed
-                env.step(turn.lstrip("<>?="))
-            assert b.score[r] == float(env.won) and b.turns[r] == env.turns and b.invalid[r] == env.invalid
-    assert len(seen_j) > 1 and max(seen_j) > 0
-    torch.testing.assert_close(b.reward, b.score + b.turn_rewards.sum(1))
-    late, _ = starts_rollout(10, start_depth=6, explore_iters=10)
-    plain, _ = starts_rollout(10)
-    assert torch.equal(late.ids, plain.ids) and torch.equal(late.old_logp, plain.old_logp)
-
-
-def test_exploring_starts_never_force_a_demonstrations_last_turn():
-    """Demonstrations of 2 turns (50, then the secret): at depth 6 a prefix holds at most the
-    first, so no game is over before the policy plays."""
-    demo = SimpleNamespace(Env=guess.Env, demo=lambda prompt, answer, rng: (["50", answer], None))
-    problems = [("1-100:", str(s)) for s in range(60, 80)]
-    task = SimpleNamespace(env_module=demo, tok=TOK, reverse=False)
-    eps = episodes([int(a) for _, a in problems])
-    explore.starts(rl.Config(start_depth=6), task, problems, eps, 0)
-    assert max(eps.turns) == 1 and min(eps.turns) == 0 and not any(e.won for e in eps.envs)
-    assert all(eps.queue.get(r, []) == (TOK.encode("50|>") if eps.turns[r] else []) for r in range(20))
-
-
 @pytest.mark.parametrize("flags,match", [
     (dict(count_bonus=0.1, task="add"), "needs an environment"),
     (dict(repeat_penalty=0.1, loss="dpo"), "synchronous policy-gradient"),
     (dict(temperature_start=1.3, staleness=1, async_rollouts=True), "synchronous"),
     (dict(explore_iters=10), "set one of them"),
     (dict(temperature_start=-1.0), "temperature_start must be > 0"),
-    (dict(count_bonus=-0.1), "count_bonus must be >= 0"),
-    (dict(start_depth=3, loss="vineppo"), "not vineppo or gigpo"),
-    (dict(start_depth=3, task="add"), "an environment with demonstrations"),
-    (dict(start_depth=-1), "start_depth must be >= 0")])
+    (dict(count_bonus=-0.1), "count_bonus must be >= 0")])
 def test_exploration_flags_a_run_would_ignore_are_refused(flags, match):
     task_name = flags.pop("task", "env:guess")
     loss = flags.pop("loss", "grpo")
@@ -297,8 +229,7 @@ def test_scheduled_steps_see_their_temperature_and_log_it():
         stats = step(rl.Config(temperature_start=2.0, explore_iters=4), None,
                      SimpleNamespace(state=SimpleNamespace(step=s)), 0.1, None)
     assert seen == [2.0, 1.75, 1.5, 1.25, 1.0, 1.0]
-    assert stats == {"rl/x": 1, "rl/temperature": 1.0, "rl/count_bonus": 0.0, "rl/repeat_penalty": 0.0,
-                     "rl/start_depth": 0}
+    assert stats == {"rl/x": 1, "rl/temperature": 1.0, "rl/count_bonus": 0.0, "rl/repeat_penalty": 0.0}
 
 
 def test_signed_rows_keep_the_groups_that_lost_every_game():
