@@ -193,7 +193,8 @@ def group_kind(cfg, algo, hp, batch, R, ref_lp):
 
 def pass_k_kind(cfg, algo, hp, batch, R, ref_lp):
     """(N,) pass@k training's: each sample's share of its group's best-of-k."""
-    return losses.pass_k_advantages(R.view(-1, cfg.group_size), hp["pass_k"]).flatten(), {}
+    G = cfg.group_size
+    return losses.pass_k_advantages(R.view(-1, G), hp["pass_k"]).flatten(), {}
 
 
 def cliff_kind(cfg, algo, hp, batch, R, ref_lp):
@@ -506,9 +507,9 @@ def resume(cfg, run, rank, run_config):
 
 
 def save(cfg, run, run_config, name):
-    """ckpt.pt or best.pt, with each rank's sampler, counts, values, queue and RM statistics."""
-    rank_state = {"sampler": run.prompts.state_dict(), "counts": list(run.counts.items()),
-                  "rm": run.rm and run.rm.state_dict(), "values": list(run.values.items()),
+    """ckpt.pt or best.pt, with each rank's sampler, counts, values, queue and RM state."""
+    rank_state = {"sampler": run.prompts.state_dict(), "counts": [*run.counts.items()],
+                  "values": [*run.values.items()], "rm": run.rm and run.rm.state_dict(),
                   "queue": [(rows.to_dict(batch), stats) for batch, stats in run.queue]}
     loop.save(cfg, name, run.model, run.opt, run_config, run.state, run.task.tok, rank_state,
               hparams=run.hp)

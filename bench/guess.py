@@ -6,9 +6,12 @@ read back: wins within 7 turns, turns when won, invalid and inconsistent guesses
     python bench/guess.py --ckpt=out/sft-guess/ckpt.pt          # (a)
     python bench/guess.py --ckpt=out/rl-guess/ckpt.pt --traces=4
     python bench/guess.py --limit                                # (d) binary search, exactly
+    python bench/guess.py --ckpt=out/sft-guess/ckpt.pt --what_if=44,69:80:84,85  # moves forced
 
 Greedy, it also lists the losing states: each state [lo, hi] with t turns left whose move loses a
-winnable game (the policy's modal move; envs/guess.py's oracle), with that move.
+winnable game (the policy's modal move; envs/guess.py's oracle), with that move. --what_if plays
+on greedily from one state (the guesses so far and a secret that reaches it) over every secret
+of its interval, with the policy's own move and then with each given move forced.
 
 A guess is consistent when the numbers it could be are still possible (every game's feedback so far).
 """
@@ -23,6 +26,7 @@ sys.path.insert(0, ROOT)
 from envs import guess  # noqa: E402
 from model import generate  # noqa: E402
 from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
+from nanorl.episodes import play_turns  # noqa: E402
 from nanorl.evaluate import Task  # noqa: E402
 from nanorl.rows import encode_prompts, responses  # noqa: E402
 
@@ -77,6 +81,32 @@ def binary_search(secret):
         lo, hi = (g + 1, hi) if g < secret else (lo, g - 1)
 
 
+def what_if(ckpt_path, history, secret, moves):
+    """From the state that the guesses `history` reach with `secret` ([lo, hi], t turns left),
+    the greedy policy's wins over every secret of [lo, hi] (each answers history alike), its own
+    move first, then each of `moves` forced -> [(move or None, wins, games)]: what a move is
+    worth under the policy's play after it."""
+    ckpt = load_checkpoint(ckpt_path)
+    model, tok = model_from_checkpoint(ckpt, ckpt_path)
+    task, env = Task.of(ckpt, ckpt_path, tok), guess.Env(str(secret))
+    for g in history:
+        env.step(str(g))
+    secrets, out = [str(s) for s in range(env.lo, env.hi + 1)], []
+    for move in [None] + moves:
+        turns = [str(g) for g in history + ([move] if move is not None else [])]
+        episodes = task.episodes([(guess.PROMPT, s) for s in secrets], 1)
+        prompt = encode_prompts(tok, [guess.PROMPT], task.reverse)[0]
+        prompts = []
+        for r, s in enumerate(secrets):  # each row's environment replayed to the turns
+            ids, act, _ = play_turns(guess, s, turns, tok, task.reverse)
+            episodes.retake(r, ids, act)
+            prompts.append(prompt + ids)  # one length: the observations are one token each
+        generate(model.eval(), prompts, ckpt["config"]["max_new_tokens"] - len(ids), tok.eos_id,
+                 tok.pad_id, G=1, temperature=0.0, episodes=episodes)
+        out.append((move, sum(e.won for e in episodes.envs), len(secrets)))
+    return out
+
+
 def main(argv):
     args = dict(a[2:].split("=", 1) if "=" in a else (a[2:], "1") for a in argv)
     if "limit" in args:
@@ -85,6 +115,12 @@ def main(argv):
               f"turns when won {sum(turns) / len(turns):.2f}, invalid 0, first guess 50")
         return
     ckpt = args.get("ckpt", "out/sft-guess/ckpt.pt")
+    if "what_if" in args:  # --what_if=44,69:80:84,85,86 (history : a secret : the moves to force)
+        history, secret, moves = args["what_if"].split(":")
+        for move, wins, n in what_if(ckpt, [int(g) for g in history.split(",")], int(secret),
+                                     [int(m) for m in moves.split(",")]):
+            print(f"{'the policy' if move is None else move}: wins {wins} of {n}")
+        return
     for name, G, temperature in (("temperature 1, 8 games a secret", 8, 1.0), ("greedy", 1, 0.0)):
         games, texts, lost = play(ckpt, G, temperature)
         r = table_row(games)

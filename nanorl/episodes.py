@@ -146,10 +146,9 @@ class Episodes:
                 torch.tensor([e.invalid for e in self.envs], dtype=torch.float))
 
 
-def play_demo(module, answer, turns, final, tok, reverse):
-    """A demonstration played through a fresh episode -> (its response ids, action mask): the
-    turns (normal order, each before its end) and the observations they get, then the final
-    answer and EOS unless the environment ended the episode (EOS forced, action 0)."""
+def play_turns(module, answer, turns, tok, reverse):
+    """Turns (normal order, each before its end) played through a fresh episode -> (their ids
+    and the observations', the action mask, whether the episode ended)."""
     env, ids, mask = module.Env(answer), [], []
     for k, turn in enumerate(turns, 1):
         policy_ids = tok.encode(format_prompt(turn + env.turn_end, reverse))
@@ -158,7 +157,17 @@ def play_demo(module, answer, turns, final, tok, reverse):
         ids += policy_ids + obs
         mask += [1] * len(policy_ids) + [0] * len(obs)
         if done or k >= env.max_turns:
-            return ids + [tok.eos_id], mask + [0]
+            return ids, mask, True
+    return ids, mask, False
+
+
+def play_demo(module, answer, turns, final, tok, reverse):
+    """A demonstration played through a fresh episode -> (its response ids, action mask): the
+    turns and the observations they get (play_turns), then the final answer and EOS unless the
+    environment ended the episode (EOS forced, action 0)."""
+    ids, mask, done = play_turns(module, answer, turns, tok, reverse)
+    if done:
+        return ids + [tok.eos_id], mask + [0]
     if final is None:
         raise DataError(f"{module.__name__}: a demonstration ended before its episode did")
     policy_ids = tok.encode(format_prompt(final, reverse)) + [tok.eos_id]

@@ -1,7 +1,7 @@
 """
 Exploration, off by default: a count bonus on each turn's (state, action), a within-group repeat
-penalty, and a hot-then-cold temperature schedule
-(docs/algorithms.md#exploration-the-oracle-negative-samples-a-count-bonus-a-temperature-schedule).
+penalty, and a hot-then-cold temperature schedule (docs/algorithms.md, "Exploration: the oracle,
+negative samples, a count bonus, a temperature schedule, pass@k").
 
     python rl.py configs/rl_guess_pp.py --count_bonus=0.2 --temperature_start=1.3
 
