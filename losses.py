@@ -685,7 +685,7 @@ ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
                  defaults=dict(_SOFT, eps_low=0.4, eps_high=0.4)),
     "dppo": Algo(dppo, "std", "loss", TOK, defaults=dict(_SOFT, delta=0.2, is_cap=20.0)),
     "maxrl": Algo(pg, "maxrl", None, SEQ, **ON, binary=True),
-    "pass_k": Algo(clip, "pass_k", "loss", SEQ, binary=True, defaults=dict(_CLIP, pass_k=8)),
+    "pass_at_k": Algo(clip, "pass_k", "loss", SEQ, binary=True, defaults=dict(_CLIP, pass_k=8)),
     "clip_cov": Algo(clip_cov, "std", "loss", TOK, select="clip_cov",
                      defaults=dict(_CLIP, cov_ratio=2e-4, cov_lb=1.0, cov_ub=5.0)),
     "kl_cov": Algo(kl_cov, "std", "loss", TOK, select="kl_cov",  # the 7B recipe

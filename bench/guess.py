@@ -92,11 +92,10 @@ def what_if(ckpt_path, history, secret, moves):
     for g in history:
         env.step(str(g))
     secrets, out = [str(s) for s in range(env.lo, env.hi + 1)], []
+    prompt = encode_prompts(tok, [guess.PROMPT], task.reverse)[0]
     for move in [None] + moves:
         turns = [str(g) for g in history + ([move] if move is not None else [])]
-        episodes = task.episodes([(guess.PROMPT, s) for s in secrets], 1)
-        prompt = encode_prompts(tok, [guess.PROMPT], task.reverse)[0]
-        prompts = []
+        episodes, prompts = task.episodes([(guess.PROMPT, s) for s in secrets], 1), []
         for r, s in enumerate(secrets):  # each row's environment replayed to the turns
             ids, act, _ = play_turns(guess, s, turns, tok, task.reverse)
             episodes.retake(r, ids, act)

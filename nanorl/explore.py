@@ -10,9 +10,9 @@ state()) that writes action a earns c / sqrt(1 + N(s, a)) on its last token, N t
 took a from s before this sampler call; the repeat penalty takes p x the share of the group's other
 rows that took the same a from the same s. Both are turn rewards, so per-turn credit rows (GiGPO,
 VinePPO, REINFORCE++) place them on the turn (VinePPO's branches, for its values, are scored
-without them). Both anneal linearly to 0 by explore_iters, and the
-temperature from temperature_start to --temperature (the sampler's and the loss's, the step's
-throughout); the steps after explore_iters sharpen at --temperature with no bonus.
+without them). Both anneal linearly to 0 by explore_iters, and the temperature from
+temperature_start to --temperature (the sampler's and the loss's, the step's throughout); the
+steps after explore_iters sharpen at --temperature with no bonus.
 """
 import math
 from collections import Counter

@@ -28,7 +28,7 @@ def check(cfg, algo, task):
                         f"{env.__name__}.Env has no state() method")
     if algo.advantage == "vine" and cfg.branches is not None and cfg.branches < 1:
         raise UserError(f"branches must be >= 1, got {cfg.branches}")
-    if algo.advantage == "vine" and cfg.value_table is not None:
+    if algo.advantage == "vine" and cfg.value_table:  # 0 and None: branches
         check_table(cfg, env)
     if algo.advantage == "vine" and (cfg.reward != "verifier" or cfg.overlong_window):
         raise UserError(f"{cfg.loss} scores its branches as the episodes are scored: the "
@@ -36,15 +36,15 @@ def check(cfg, algo, task):
 
 
 def check_table(cfg, env):
-    """One line for a value table VinePPO cannot keep."""
+    """One line for a value table (--value_table set) VinePPO cannot keep."""
     if not 0 <= cfg.value_table <= 1:
         raise UserError(f"value_table must be in [0, 1], got {cfg.value_table}")
-    if cfg.value_table and cfg.branches is not None:
+    if cfg.branches is not None:
         raise UserError("VinePPO's values come from --branches or from --value_table: set one")
-    if cfg.value_table and not (env and hasattr(env.Env, "state")):
+    if not (env and hasattr(env.Env, "state")):
         raise UserError("value_table keys its values by the environment's state: the task "
                         "needs an environment whose Env has a state() method")
-    if cfg.value_table and cfg.dynamic_sampling:
+    if cfg.dynamic_sampling:
         raise UserError("value_table learns from every episode, and dynamic sampling drops the "
                         "groups without signal: set --dynamic_sampling=false")
 
@@ -67,10 +67,12 @@ def credit(cfg, algo, run, batch, idx, flat, gen):
         batch.states = spread(turns, states, L).long().to(batch.mask.device)
         return batch
     earned = batch.turn_rewards if batch.turn_rewards is not None else torch.zeros_like(batch.mu)
+
+    def togo(r, s):  # row r's return from its response position s: later turns' and the score
+        return batch.reward[r].item() - earned[r, :s].sum().item()
     if run.hp["value_table"]:  # V(s_k) from every visit to s_k so far, this call's too
-        togo = [[batch.reward[r].item() - earned[r, :s].sum().item() for s, _ in row]
-                for r, row in enumerate(turns)]  # each turn's return from its state
-        value = table_values(run.values, turns, togo, run.hp["value_table"])
+        returns = [[togo(r, s) for s, _ in row] for r, row in enumerate(turns)]
+        value = table_values(run.values, turns, returns, run.hp["value_table"])
         batch.values = spread(turns, value, L).to(batch.mask.device)
         return batch
     K, paths = run.hp["branches"], {}  # (group, prefix) -> the group's rows through it
@@ -83,10 +85,9 @@ def credit(cfg, algo, run, batch, idx, flat, gen):
     value = {}  # (row, start) -> V(s_k): the other rows' returns from s_k and the branches'
     for (g, prefix), rs in paths.items():
         s = len(prefix)
-        togo = [batch.reward[r].item() - earned[r, :s].sum().item() for r in rs]
-        extra = branched.get((g, prefix), [])
-        for r, own in zip(rs, togo):
-            value[r, s] = (sum(togo) - own + sum(extra)) / (len(rs) - 1 + len(extra))
+        ret, extra = [togo(r, s) for r in rs], branched.get((g, prefix), [])
+        for r, own in zip(rs, ret):
+            value[r, s] = (sum(ret) - own + sum(extra)) / (len(rs) - 1 + len(extra))
     batch.values = spread(turns, [[value[r, s] for s, _ in row] for r, row in enumerate(turns)],
                           L).to(batch.mask.device)
     return batch

@@ -387,7 +387,7 @@ def test_micro_batches_with_global_counts_equal_the_full_batch(name):
 MICRO_NORMS = [  # (loss, per-sequence token mean first?, global count it divides by: n_tokens 10, n_seqs 4)
     ("reinforce", False, 4), ("rloo", False, 4), ("grpo", True, 4), ("cliff", True, 4), ("sapo", True, 4),
     ("pnpo", True, 4), ("gspo", True, 4), ("gapo", True, 4), ("dr_grpo", False, 4 * 4), ("dapo", False, 10),
-    ("cispo", False, 10), ("ppo", False, 10), ("gmpo", True, 4), ("dppo", False, 10), ("maxrl", True, 4), ("pass_k", True, 4),
+    ("cispo", False, 10), ("ppo", False, 10), ("gmpo", True, 4), ("dppo", False, 10), ("maxrl", True, 4), ("pass_at_k", True, 4),
     ("clip_cov", False, 10), ("kl_cov", False, 10), ("reinforce_pp", False, 10), ("reinforce_pp_baseline", False, 10),
     ("remax", False, 10), ("opd", False, 10),
 ]

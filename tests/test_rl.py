@@ -78,7 +78,7 @@ def char_task(train=None, reverse=True):
 @pytest.mark.parametrize("loss", sorted(LOSSES))
 def test_every_loss_runs_and_logs(sft_ckpt, tmp_path, loss, varied_reward):
     extra = dict(teacher_ckpt=sft_ckpt) if "teacher" in L.ALGOS[loss].needs else {}  # opd, gkd
-    extra = dict(pass_k=2) if loss == "pass_k" else extra  # k < the tiny group of 4
+    extra = dict(pass_k=2) if loss == "pass_at_k" else extra  # k < the tiny group of 4
     res, rows = run(sft_ckpt, tmp_path, loss=loss, dynamic_sampling=False, **extra)
     train = [r for r in rows if "rl/reward_mean" in r]
     evals = [r for r in rows if "eval/accuracy" in r]
@@ -629,15 +629,15 @@ def test_dynamic_sampling_is_decided_once_in_check(kw, on):
     assert rl.check(rl.Config(**kw))[0].dynamic_sampling is on
 
 
-def test_pass_k_row_takes_its_k():
-    """The pass_k row's advantages are losses.pass_k_advantages of each group at the row's k (a
+def test_pass_at_k_row_takes_its_k():
+    """The pass_at_k row's advantages are losses.pass_k_advantages of each group at the row's k (a
     group of 4 with one right answer: 1 and -1/3 each at k = 2, 1.732 and -0.577 at k = 1)."""
     b = rl.rows.Rollout(ids=torch.zeros(8, 3, dtype=torch.long), offsets=torch.zeros(8), mu=None,
                         mask=torch.ones(8, 3))
     b.reward = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1])
-    cfg, algo = rl.Config(loss="pass_k", group_size=4), L.ALGOS["pass_k"]
+    cfg, algo = rl.Config(loss="pass_at_k", group_size=4), L.ALGOS["pass_at_k"]
     for k, right, wrong in ((2, 1.0, -1 / 3), (1, 3 ** 0.5, -1 / 3 ** 0.5)):
-        adv, inputs = rl.advantages(cfg, algo, L.resolve_hparams("pass_k", pass_k=k), b, None)
+        adv, inputs = rl.advantages(cfg, algo, L.resolve_hparams("pass_at_k", pass_k=k), b, None)
         want = torch.tensor([right, wrong, wrong, wrong, 0, 0, 0, 0])
         torch.testing.assert_close(adv, want, atol=1e-5, rtol=0)
-    assert L.resolve_hparams("pass_k")["pass_k"] == 8 and algo.binary and inputs == {}
+    assert L.resolve_hparams("pass_at_k")["pass_k"] == 8 and algo.binary and inputs == {}

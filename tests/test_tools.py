@@ -229,7 +229,7 @@ def loss_and_grads(name, b, monkeypatch, scale, model_fn=None, gold=None):
     model = model_fn(seed=3, values="values" in row.needs).train()  # b's sampler, [a head]
     cfg = rl.Config(loss=name, group_size=4, micro_batch_size=1024, overlong_window=0,
                     beta=0.1 if "beta" in row.defaults else None, dynamic_sampling=False,
-                    pass_k=2 if name == "pass_k" else None)  # k below the group of 4
+                    pass_k=2 if name == "pass_at_k" else None)  # k below the group of 4
     teacher = model_fn(seed=9) if "teacher" in row.needs else None
     run, b = make_run(cfg, model, teacher=teacher), copy.copy(b)
     b.baseline = torch.linspace(0, 1, len(b.ids))  # (N,) ReMax's greedy rewards
