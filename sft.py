@@ -22,6 +22,7 @@ from nanorl.ddp import all_reduce, bf16_default
 from nanorl.evaluate import Task, env_of, evaluate, task_alphabet, task_splits, verifier_of
 from nanorl import bpe, loop
 from nanorl.loop import TrainConfig, start
+from nanorl import templates
 from nanorl.rows import encode_prompts, pack
 from tokenizer import CharTokenizer
 
@@ -33,7 +34,9 @@ class Config(TrainConfig):
     rg: dict = field(default_factory=dict)  # an rg: task's generator config, e.g. dict(max_terms=3)
     reverse: Optional[bool] = None  # numbers least-significant digit first: 23*47 read as 32*74;
     # None: the task's, true for data.tasks.TASKS, false for a folder, rg: and env: (as written)
-    tokenizer: str = "char"  # "char" (the task alphabet) or a tiktoken encoding, e.g. "gpt2"
+    tokenizer: str = "char"  # "char" (the task alphabet), a tiktoken encoding, e.g. "gpt2", or
+    # "bpe:N": a byte-level BPE of at most N tokens learned from the train rows (nanorl/bpe.py)
+    template: str = "plain"  # an environment's episodes as text: plain, role_colon, chat:PATH
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
@@ -90,22 +93,26 @@ def load_task(cfg):
     if cfg.verifier and (env_module or gym) or cfg.rg and not gym:
         raise UserError(f"task {cfg.task!r} takes no --{'verifier' if cfg.verifier else 'rg'} "
                         "(an environment or an rg: task scores its own answers)")
-    if env_module and cfg.tokenizer != "char":
-        raise UserError(f"task {cfg.task!r} plays in an environment whose turns end on one "
-                        "character: it needs --tokenizer=char")
+    if cfg.template != "plain" and not env_module:
+        raise UserError(f"--template writes an environment's episodes; task {cfg.task!r} has none")
+    templates.of(cfg.template)  # an unknown one, or a chat template that rewrites history: refused
     verifier_of(cfg.verifier or "exact")
     data, scorer = task_splits(cfg.task, cfg.rg)  # generated on first use
     chars = task_alphabet(cfg.task, sum(data.values(), []))
-    tok = CharTokenizer(chars) if cfg.tokenizer == "char" else bpe.load(cfg.tokenizer)  # tiktoken's
+    task = Task(CharTokenizer(chars) if cfg.tokenizer == "char" else None, cfg.task, cfg.reverse,
+                cfg.verifier or "exact", cfg.n_train, data["train"], data["val"], data["test"],
+                env_module=env_module, rg=cfg.rg, scorer=scorer, template=cfg.template)
+    if cfg.tokenizer.startswith("bpe:"):  # learned from what SFT trains on
+        task.tok = bpe.learn(train_text(task), bpe_size(cfg.tokenizer))
+    elif cfg.tokenizer != "char":
+        task.tok = bpe.load(cfg.tokenizer)  # tiktoken's
     if cfg.n_train > len(data["train"]):
         raise UserError(f"n_train={cfg.n_train} but the train split holds {len(data['train'])} "
                         "problems")
-    task = Task(tok, cfg.task, cfg.reverse, cfg.verifier or "exact", cfg.n_train, data["train"],
-                data["val"], data["test"], env_module=env_module, rg=cfg.rg, scorer=scorer)
     task.check_data()
-    task.train = labelled(data["train"], cfg.n_train)  # rl.py's sft row reads n_train too
-    prompts = [p for split in data.values() for p, _ in split]
-    prompt = max(map(len, encode_prompts(tok, prompts, cfg.reverse)))
+    task.train = labelled(task.train, cfg.n_train)  # rl.py's sft row reads n_train too
+    prompts = [p for split in (task.train, task.val, task.test) for p, _ in split]
+    prompt = max(map(len, encode_prompts(task.tok, prompts, cfg.reverse)))
     answer = max(len(r) for _, r, *_ in task.gold_rows(task.train))
     if answer > cfg.max_new_tokens:
         raise UserError(f"max_new_tokens={cfg.max_new_tokens} cuts {cfg.task}'s longest answer "
@@ -115,6 +122,22 @@ def load_task(cfg):
                         f"({prompt} tokens) and max_new_tokens={cfg.max_new_tokens}: set "
                         f"--block_size={prompt + cfg.max_new_tokens}")
     return task, {k: len(v) for k, v in data.items()}
+
+
+def bpe_size(name):
+    """"bpe:N" -> N, the most tokens a learned BPE may have (the 256 bytes and EOS at least)."""
+    n = name[4:]
+    if not n.isdigit() or int(n) < 257:
+        raise UserError(f"tokenizer {name!r}: write bpe:N with N >= 257 (the 256 bytes and EOS)")
+    return int(n)
+
+
+def train_text(task, n=2000):
+    """The first n train rows as the model reads them (the prompt, then the answer or the
+    demonstration): a BPE learns its merges from them, written through the 256 bytes' tokenizer."""
+    plain = replace(task, tok=bpe.learn("", 0))
+    plain.check_data()  # an environment's prompts as its template writes them
+    return "\n".join(plain.tok.decode(p + r) for p, r, *_ in plain.gold_rows(plain.train[:n]))
 
 
 def build_model(cfg, tok):

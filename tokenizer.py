@@ -35,6 +35,9 @@ class CharTokenizer:
         kept = takewhile(lambda i: i != self.eos_id, ids)
         return "".join(self.chars[i - len(self.specials)] for i in kept if i != self.pad_id)
 
+    def text_so_far(self, ids):  # a turn's text as it is sampled: one character a token
+        return self.decode(ids)
+
     def to_dict(self):
         return {"kind": "char", "chars": self.chars}
 

@@ -97,7 +97,7 @@ def what_if(ckpt_path, history, secret, moves):
         turns = [str(g) for g in history + ([move] if move is not None else [])]
         episodes, prompts = task.episodes([(guess.PROMPT, s) for s in secrets], 1), []
         for r, s in enumerate(secrets):  # each row's environment replayed to the turns
-            ids, act, _ = play_turns(guess, s, turns, tok, task.reverse)
+            ids, act, _ = play_turns(guess, (guess.PROMPT, s), turns, tok, task.reverse)
             episodes.retake(r, ids, act)
             prompts.append(prompt + ids)  # one length: the observations are one token each
         generate(model.eval(), prompts, ckpt["config"]["max_new_tokens"] - len(ids), tok.eos_id,

@@ -33,6 +33,20 @@ class DataError(ValueError):
     """A task name or file that cannot be used; the message names the file and line."""
 
 
+class Row(tuple):
+    """A problem (prompt, answer), unpacked as a pair, with its JSONL line's other fields (an
+    environment's settings for that row: nanorl/episodes.py's make_env) and its source, the prompt
+    before a template wrote it."""
+
+    def __new__(cls, prompt, answer, fields=None, source=None):
+        row = super().__new__(cls, (prompt, answer))
+        row.fields, row.source = fields or {}, prompt if source is None else source
+        return row
+
+    def __getnewargs__(self):  # copies and pickles keep the fields
+        return *self, self.fields, self.source
+
+
 def compute(op, a, b):
     return a * b if op == "*" else a + b
 
@@ -191,12 +205,14 @@ def line_of(task, split, i):
 
 def load_split(task, split, alphabet=None):
     """[(prompt, answer)] of a split: generated on first use, or your folder's JSONL
-    ({"prompt": ..., "answer": ...} a line) or `prompt=answer` text. alphabet: the characters
+    ({"prompt": ..., "answer": ...} a line, any other fields a Row's) or `prompt=answer` text.
+    alphabet: the characters
     your task may use (None: any)."""
     path = ensure_data(task) / f"{split}.jsonl"
     if path.is_file():
-        fields = {"prompt": str, "answer": str}
-        return [(r["prompt"], r["answer"]) for r in read_jsonl(path, fields, alphabet, "problems")]
+        fields, own = {"prompt": str, "answer": str}, ("prompt", "answer", "ground_truth")
+        return [Row(r["prompt"], r["answer"], {k: v for k, v in r.items() if k not in own})
+                for r in read_jsonl(path, fields, alphabet, "problems")]
     problems = load_problems(path.with_suffix(".txt"), ALPHABET if task in TASKS else alphabet)
     if TASKS.get(task, {}).get("text"):
         problems = [(text_prompt(p), a) for p, a in problems]

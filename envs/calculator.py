@@ -38,7 +38,7 @@ def calculator(text):
 class Env:
     """One answer's calls: `{result}` for each, the error past MAX_CALLS; its score is the exact
     match of the answer written after the last result. broken: every call answered `{?}`."""
-    turn_end, max_turns, max_obs = "]", 2 * MAX_CALLS, 12  # an 8th call ends the episode
+    stops, max_turns, max_obs = ("]",), 2 * MAX_CALLS, 12  # an 8th call ends the episode
 
     def __init__(self, answer, broken=False):
         self.answer, self.broken, self.calls, self.invalid = answer, broken, 0, 0

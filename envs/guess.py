@@ -30,7 +30,7 @@ PROMPT, LO, HI, TURNS = "1-100:", 1, 100, 7
 
 class Env:
     """One game: the secret, the numbers still possible [lo, hi], the turns and the outcome."""
-    turn_end, max_turns, max_obs = "|", TURNS, 1
+    stops, max_turns, max_obs = ("|",), TURNS, 1
 
     def __init__(self, answer, process_reward=False, oracle_reward=False):
         self.secret, self.process_reward = int(answer), process_reward

@@ -8,13 +8,13 @@ from dataclasses import dataclass, field
 import torch
 
 import losses
-from data.tasks import (ALPHABET, TASKS, DataError, format_answer, format_prompt, line_of,
+from data.tasks import (ALPHABET, TASKS, DataError, Row, format_answer, format_prompt, line_of,
                         load_split, parse_answer, problem_key)
 from model import generate, logprobs
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError
 from nanorl.rows import encode_prompts, gold_rows, responses
-from nanorl import rg
+from nanorl import rg, templates
 from nanorl.episodes import Episodes, check_env, demo_rows
 from verify import VERIFIERS
 
@@ -33,6 +33,7 @@ class Task:
     test: list = field(default_factory=list)
     env_module: object = None  # the envs/ module of its episodes (env_of), or None
     env_args: dict = field(default_factory=dict)  # its Env's arguments (--env_args)
+    template: str = "plain"  # how its episodes are written (nanorl/templates.py)
     rg: dict = field(default_factory=dict)  # an rg: task's generator config (nanorl/rg.py)
     scorer: object = None  # an rg: task's score(question, answer)
     max_new_tokens: int = 8  # SFT's: its answers (an environment's episodes) fit it
@@ -42,10 +43,10 @@ class Task:
         """The checkpoint's task (its own settings, never a reader's defaults), splits loaded."""
         name, reverse, vname = ckpt_settings(ckpt, path, "task", "reverse", "verifier")
         verifier_of(vname)
-        task = cls(tok, name, reverse, vname, ckpt["config"].get("n_train", 0),
-                   env_module=env_of(name), env_args=env_args or {},
-                   rg=ckpt["config"].get("rg") or {},
-                   max_new_tokens=ckpt["config"].get("max_new_tokens", 8))
+        c = ckpt["config"]  # the template: plain in a checkpoint older than templates
+        task = cls(tok, name, reverse, vname, c.get("n_train", 0), env_module=env_of(name),
+                   rg=c.get("rg") or {}, template=c.get("template", "plain"),
+                   env_args=env_args or {}, max_new_tokens=c.get("max_new_tokens", 8))
         splits, task.scorer = task_splits(name, task.rg, getattr(tok, "chars", None))
         task.train, task.val, task.test = splits.values()
         task.check_data()
@@ -57,14 +58,15 @@ class Task:
 
     def episodes(self, problems, G):
         """The episodes of G rows per problem for model.generate, or None without an environment."""
-        return self.env_module and Episodes(self.env_module, [a for _, a in problems], G,
-                                            self.tok, self.reverse, self.env_args)
+        return self.env_module and Episodes(self.env_module, problems, G, self.tok, self.reverse,
+                                            self.env_args, templates.of(self.template))
 
     def gold_rows(self, problems):
         """[(prompt ids, gold answer ids + EOS[, its action mask])]: an environment's are its
         demonstrations played through it."""
         if self.env_module:
-            return demo_rows(self.env_module, problems, self.tok, self.reverse)
+            return demo_rows(self.env_module, problems, self.tok, self.reverse,
+                             template=templates.of(self.template))
         return gold_rows(self.tok, problems, self.reverse)
 
     def score(self, ids, act, problem, episodes=None, r=0):
@@ -81,12 +83,17 @@ class Task:
         return self.verifier(text, problem[1], reverse=self.reverse)
 
     def check_data(self):
-        """The splits as they load. An environment keeps its Env contract and takes --env_args (it
-        scores its own episodes). Your own files' and rg: tasks' gold answers, written as the model
-        writes them, must score 1 (else one line: file:line and the verifier that takes it); val or
-        test prompts that reorder a train prompt's numbers and words get one warning."""
-        if self.env_module or self.env_args:
-            return check_env(self.name, self.env_module, self.env_args, self.train[0][1])
+        """The splits as they load. An environment's prompts are written by its template, and it
+        keeps its Env contract and takes --env_args and its rows' fields (it scores its own
+        episodes). Your own files' and rg: tasks' gold answers, written as the model writes them,
+        must score 1 (else one line: file:line and the verifier that takes it); val or test
+        prompts that reorder a train prompt's numbers and words get one warning."""
+        if self.env_module or self.env_args:  # the prompts as the episodes' template writes them
+            write = templates.of(self.template).prompt
+            self.train, self.val, self.test = (
+                [Row(write(row[0]), row[1], getattr(row, "fields", None), row[0]) for row in split]
+                for split in (self.train, self.val, self.test))
+            return check_env(self.name, self.env_module, self.env_args, self.train[0])
         if self.name in TASKS:  # generated tasks are right by construction
             return
         for split in ("train", "val", "test"):
@@ -120,7 +127,7 @@ class Task:
 
     def settings(self):
         return {"task": self.name, "reverse": self.reverse, "verifier": self.verifier_name,
-                "n_train": self.n_train, "rg": self.rg}
+                "n_train": self.n_train, "rg": self.rg, "template": self.template}
 
     def check(self, max_new_tokens, block_size):
         """Every train prompt and max_new_tokens fit the model's context."""
@@ -134,14 +141,18 @@ def task_splits(name, rg_config=None, alphabet=None):
     environment's, else data's. alphabet: the characters your own task may use (None: any)."""
     if name.startswith("rg:"):
         return rg.splits(name[3:], rg_config or {})
-    if name.startswith("env:"):
-        return {s: env_of(name).splits()[s] for s in ("train", "val", "test")}, None
+    if name.startswith("env:"):  # env:NAME:FOLDER: your JSONL, an Env's settings in a row's fields
+        folder = name.split(":", 2)[2:]
+        return {s: load_split(folder[0], s, alphabet) if folder else env_of(name).splits()[s]
+                for s in ("train", "val", "test")}, None
     return {s: load_split(name, s, alphabet) for s in ("train", "val", "test")}, None
 
 
 def env_of(task):
-    """The environment a task names (an envs/ module: its TASKS env, or env:NAME), or None."""
-    name = TASKS.get(task, {}).get("env") or (task[4:] if task.startswith("env:") else None)
+    """The environment a task names (an envs/ module: its TASKS env, env:NAME or env:NAME:FOLDER),
+    or None."""
+    name = TASKS.get(task, {}).get("env") or \
+        (task.split(":")[1] if task.startswith("env:") else None)
     if not name:
         return None
     try:

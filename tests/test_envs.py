@@ -25,7 +25,7 @@ from nanorl.episodes import Episodes, demo_rows, play_demo
 from bench.guess import binary_search
 from nanorl.evaluate import Task, env_of, task_alphabet
 from tests.test_rl import make_run
-from tests.test_tools import assert_no_leak, with_turn_credit
+from tests.test_tools import assert_no_leak, end, with_turn_credit
 from tokenizer import CharTokenizer
 
 GUESS = env_of("env:guess")
@@ -35,7 +35,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def episodes(secrets, G=1, **args):
-    return Episodes(GUESS, [str(s) for s in secrets], G, TOK, False, args)
+    return Episodes(GUESS, [(guess.PROMPT, str(s)) for s in secrets], G, TOK, False, args)
 
 
 def play(env, r, turns):
@@ -43,7 +43,7 @@ def play(env, r, turns):
     ids = []
     for t in turns:
         ids += TOK.encode(t + "|")
-        ids += env.step(r, ids)[0]
+        ids += end(env, r, ids)[0]
     return TOK.decode(ids) + ("<eos>" if ids[-1:] == [TOK.eos_id] else "")
 
 
@@ -71,14 +71,14 @@ def test_every_output_gets_an_answer_and_counts_a_turn(turn):
     assert game.step(turn) == ("?", 0.0, False) and (game.turns, game.invalid) == (1, 1)
     if set(turn) <= set(TOK.chars):  # as the sampler hands it over
         env = episodes([5])
-        assert env.step(0, TOK.encode(turn + "|")) == (TOK.encode("?"), 0.0) and env.envs[0].invalid == 1
+        assert end(env, 0, TOK.encode(turn + "|")) == (TOK.encode("?"), 0.0) and env.envs[0].invalid == 1
 
 
 def test_a_special_token_inside_a_turn_and_turns_after_the_end():
     """A special token in a turn: `?`; after the end nothing changes."""
     env = episodes([5])
     ids = TOK.encode("1") + [TOK.pad_id] + TOK.encode("|")
-    assert env.step(0, ids) == (TOK.encode("?"), 0.0) and env.envs[0].invalid == 1
+    assert end(env, 0, ids) == (TOK.encode("?"), 0.0) and env.envs[0].invalid == 1
     game = guess.Env("5")
     for _ in range(7):
         game.step("x")
@@ -89,7 +89,7 @@ def test_a_special_token_inside_a_turn_and_turns_after_the_end():
 @given(st.lists(st.integers(0, TOK.vocab_size - 1), max_size=60), st.integers(1, 100))
 def test_any_ids_get_a_bounded_answer(ids, secret):
     env = episodes([secret])
-    obs, reward = env.step(0, ids + [env.turn_end])
+    obs, reward = end(env, 0, ids + TOK.encode("|"))
     assert TOK.decode(obs) in ("<", ">", "=", "?") and reward == 0.0
     assert obs[-1:] != [TOK.eos_id] or env.envs[0].won
 
@@ -166,7 +166,7 @@ def test_sampler_runs_a_state_per_row_and_matches_the_trainer():
         assert torch.equal(out[k], plain[k]), k
     P = out["prompt_len"]
     act, ids = out["action_mask"][:, P:], out["ids"][:, P:]
-    ends = (act == 1) & (ids == env.turn_end)  # (N, L)
+    ends = (act == 1) & (ids == TOK.encode("|")[0])  # (N, L)
     assert ends.sum(1).tolist() == env.turns and max(env.turns) >= 3
     assert ((out["turn_rewards"] != 0) <= ends).all() and (out["turn_rewards"] > 0).any()
     after = torch.cat([torch.zeros_like(ends[:, :1]), ends[:, :-1]], 1)  # the observation's place
@@ -196,7 +196,7 @@ def test_rows_of_one_text_split_when_their_secrets_answer_differently():
 
 class Chatty:
     """An environment that answers too much and never ends: the bounds must."""
-    turn_end, max_turns, max_obs = "|", 3, 2
+    stops, max_turns, max_obs = ("|",), 3, 2
 
     def __init__(self, answer):
         self.invalid = 0
@@ -210,7 +210,7 @@ class Chatty:
 
 class Finals:
     """An environment that scores what the policy wrote last: 1 for any text, even "", 0.5 for None."""
-    turn_end, max_turns, max_obs = "|", 3, 2
+    stops, max_turns, max_obs = ("|",), 3, 2
 
     def __init__(self, answer):
         self.invalid = 0
@@ -222,16 +222,16 @@ class Finals:
 def test_an_unfinished_episode_is_scored_with_none():
     """final None: the policy never ended with EOS; "": it ended with nothing after the last answer."""
     from types import SimpleNamespace
-    env = Episodes(SimpleNamespace(Env=Finals), ["1", "2"], 1, TOK, False, {})
+    env = Episodes(SimpleNamespace(Env=Finals), [("1-100:", "1"), ("1-100:", "2")], 1, TOK, False, {})
     assert (env.score(0, None), env.score(1, "")) == (0.5, 1.0)
 
 
 def test_observations_are_cut_to_max_obs_and_episodes_end_after_max_turns():
     from types import SimpleNamespace
-    env = Episodes(SimpleNamespace(Env=Chatty), ["1"], 1, TOK, False, {})
+    env = Episodes(SimpleNamespace(Env=Chatty), [("1-100:", "1")], 1, TOK, False, {})
     assert play(env, 0, ["1", "2", "3"]) == "1|<<2|<<3|<<<eos>"
     assert env.turns == [3]
-    ids, mask = play_demo(SimpleNamespace(Env=Chatty), "1", ["1", "2", "3", "4"], "5", TOK, False)
+    ids, mask = play_demo(SimpleNamespace(Env=Chatty), ("1-100:", "1"), ["1", "2", "3", "4"], "5", TOK, False)
     assert TOK.decode(ids) == "1|<<2|<<3|<<" and mask == [1, 1, 0, 0] * 3 + [0]
 
 
@@ -472,7 +472,7 @@ def test_resume_without_the_runs_env_args_is_refused(guess_ckpt, tmp_path):
 
 class NoInvalid:
     """An Env without `invalid`: the contract (nanorl/episodes.py's Env) says it must count them."""
-    turn_end, max_turns, max_obs = "|", 3, 2
+    stops, max_turns, max_obs = ("|",), 3, 2
 
     def __init__(self, answer):
         pass
@@ -490,13 +490,14 @@ def test_an_environment_that_breaks_the_contract_stops_the_load_in_one_line(tmp_
     broken = SimpleNamespace(__name__="envs.broken", Env=NoInvalid)
     with pytest.raises(rl.UserError, match=r"^envs.broken.Env breaks nanorl/episodes.py's Env contract: it has no "
                                            r"'invalid'$"):
-        check_env("env:broken", broken, {}, "1")
+        check_env("env:broken", broken, {}, ("1-100:", "1"))
     monkeypatch.setattr(NoInvalid, "invalid", 0, raising=False)
-    monkeypatch.setattr(NoInvalid, "turn_end", "||")
-    with pytest.raises(rl.UserError, match="turn_end is not one character"):
-        check_env("env:broken", broken, {}, "1")
-    monkeypatch.setattr(NoInvalid, "turn_end", "|")
-    check_env("env:broken", broken, {}, "1")
+    for bad in ["|", ("",), (), ("|", 1)]:
+        monkeypatch.setattr(NoInvalid, "stops", bad)
+        with pytest.raises(rl.UserError, match="stops is not a tuple of strings"):
+            check_env("env:broken", broken, {}, ("1-100:", "1"))
+    monkeypatch.setattr(NoInvalid, "stops", ("|", "\n\nUser:"))
+    check_env("env:broken", broken, {}, ("1-100:", "1"))
     monkeypatch.setattr(sft, "env_of", lambda task: broken if task == "env:guess" else None)
     monkeypatch.delattr(NoInvalid, "invalid")
     with pytest.raises(rl.UserError, match="it has no 'invalid'"):

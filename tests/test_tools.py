@@ -33,7 +33,13 @@ CALL = re.compile(r"\[([^\]]*)\]\{([^}]*)\}")
 
 def episodes(problems, G=1, **args):
     """The calculator's episodes of G rows per problem, as rl.py and the evals make them."""
-    return Episodes(CALC, [a for _, a in problems], G, TOK, True, args)
+    return Episodes(CALC, problems, G, TOK, True, args)
+
+
+def end(env, r, ids):
+    """Row r's response ids, the last completing a stop, through env as the sampler hands them over
+    -> (the bridge's ids, the turn's reward)."""
+    return env.step(r, ids, *env.ended(r, ids))
 
 
 def task(problems=(), test=(), **kw):
@@ -74,7 +80,7 @@ def test_calculator_is_total_and_follows_its_grammar(text):
 def test_the_environment_answers_any_ids_with_a_bounded_result(ids):
     """Any turn ending with `]` (specials, nested calls, no open) -> `{...}`, reward 0."""
     env = episodes([("1*1=", "1")])
-    out, reward = env.step(0, ids + [env.turn_end])
+    out, reward = end(env, 0, ids + TOK.encode("]"))
     assert reward == 0 and TOK.decode(out[:1]) == "{" and 3 <= len(out) <= MAX_DIGITS + 4
     assert re.fullmatch(r"\{([0-9]+|\?)\}", TOK.decode(out[:-1] if out[-1] == TOK.eos_id else out))
 
@@ -84,14 +90,14 @@ def test_calls_past_the_limit_and_specials_get_the_error_token():
     env, call, ids = episodes([("1*1=", "1")]), TOK.encode("[21*3]"), []
     for k in range(1, 2 * MAX_CALLS + 1):
         ids += call
-        obs, _ = env.step(0, ids)
+        obs, _ = end(env, 0, ids)
         ids += obs
         want = "{63}" if k <= MAX_CALLS else "{?}"
         assert obs == TOK.encode(want) + ([TOK.eos_id] if k == 2 * MAX_CALLS else [])
-    assert episodes([("1*1=", "1")], broken=True).step(0, call)[0] == TOK.encode("{?}")
+    assert end(episodes([("1*1=", "1")], broken=True), 0, call)[0] == TOK.encode("{?}")
     special = TOK.encode("[21*") + [TOK.eos_id] + TOK.encode("3]")
-    assert episodes([("1*1=", "1")]).step(0, special)[0] == TOK.encode("{?}")
-    assert episodes([("1*1=", "1")]).step(0, TOK.encode("21*3]"))[0] == TOK.encode("{?}")  # no open
+    assert end(episodes([("1*1=", "1")]), 0, special)[0] == TOK.encode("{?}")
+    assert end(episodes([("1*1=", "1")]), 0, TOK.encode("21*3]"))[0] == TOK.encode("{?}")  # no open
     assert env.stats()[0].tolist() == [8] and env.stats()[1].tolist() == [4]  # turns, invalid
 
 
@@ -104,7 +110,7 @@ def test_every_trace_replays_through_the_calculator(reverse):
             text = trace(p, a)
             calls = CALL.findall(text)
             assert len(calls) == MAX_CALLS and all(calculator(e) == r for e, r in calls)
-            ids, mask = play_demo(CALC, a, *demo(p, a), TOK, reverse)
+            ids, mask = play_demo(CALC, (p, a), *demo(p, a), TOK, reverse)
             assert ids == TOK.encode(format_prompt(text, reverse)) + [TOK.eos_id]
             assert CALC.Env(a).score(text.rpartition("}")[2]) == 1.0
 
@@ -151,7 +157,7 @@ def test_sampler_forces_the_results_and_matches_the_trainer_with_and_without_cac
         closes, again, forced_all = [t for t in range(n) if a[t] and ids[t] == TOK.encode("]")[0]], \
             episodes(problems[r // 8:r // 8 + 1]), 0  # the row's calls replayed in a fresh episode
         for t in closes:  # the environment's tokens right after each call, none its own
-            forced = again.step(0, ids[:t + 1])[0][:n - t - 1]
+            forced = end(again, 0, ids[:t + 1])[0][:n - t - 1]
             assert ids[t + 1:t + 1 + len(forced)] == forced
             assert not any(a[t + 1:t + 1 + len(forced)])
             forced_all += len(forced)
@@ -361,7 +367,7 @@ def test_episode_metrics_count_turns_invalid_turns_and_environment_tokens():
     env, ids = episodes(problems), [[], []]
     for r, turn in ((0, rows[0]), (1, rows[1]), (1, rows[2])):
         ids[r] += turn
-        ids[r] += env.step(r, ids[r])[0]
+        ids[r] += end(env, r, ids[r])[0]
     ids = [ids[0] + TOK.encode("2") + [TOK.eos_id], ids[1] + TOK.encode("1") + [TOK.eos_id]]
     assert [TOK.decode(i) for i in ids] == ["[1*2]{2}2", "[*]{?}[1*1]{1}1"]
     out = {"prompt_len": 0, "response_mask": torch.tensor([[1] * 10 + [0] * 5, [1] * 15]),
@@ -392,12 +398,12 @@ def test_calculator_bounds_by_hand():
     assert calculator("1+12345678") == "12345679" and calculator("1+123456789") == "?"
     assert calculator("1+2+3+4") == "10" and calculator("1+2+3+4+5") == "?"
     env = episodes([("1*1=", "1")])  # the model's digit order, turned back and forth
-    assert env.step(0, TOK.encode("[21*3]"))[0] == TOK.encode("{63}")
-    assert env.step(0, TOK.encode("[21*3]{63}[9+1]"))[0] == TOK.encode("{01}")
+    assert end(env, 0, TOK.encode("[21*3]"))[0] == TOK.encode("{63}")
+    assert end(env, 0, TOK.encode("[21*3]{63}[9+1]"))[0] == TOK.encode("{01}")
     special = TOK.encode("[21*") + [TOK.pad_id] + TOK.encode("3]")
-    assert episodes([("1*1=", "1")]).step(0, special)[0] == TOK.encode("{?}")
+    assert end(episodes([("1*1=", "1")]), 0, special)[0] == TOK.encode("{?}")
     two_opens = episodes([("1*1=", "1")])  # a call is the text after the turn's last `[`
-    assert two_opens.step(0, TOK.encode("[9*9[21*3]"))[0] == TOK.encode("{63}")
+    assert end(two_opens, 0, TOK.encode("[9*9[21*3]"))[0] == TOK.encode("{63}")
 
 
 def test_forced_results_count_against_max_new_tokens_by_hand():
@@ -434,7 +440,7 @@ def test_episode_counts_skip_the_padding_the_sampler_leaves():
     assert rollout_metrics(b)["rl/env_token_frac"] == pytest.approx(0.3)
     out = {"prompt_len": 0, "response_mask": (torch.arange(15) < 10).long()[None], "action_mask": mask}
     env = episodes([("1*2=", "2")])
-    env.step(0, TOK.encode("[1*2]"))
+    end(env, 0, TOK.encode("[1*2]"))
     assert env_metrics([(env, out)], "eval")["eval/env_token_frac"] == pytest.approx(0.3)
 
 
