@@ -68,7 +68,7 @@ LOG_FIELDS = (LG + "the_log_holds_the_rollout_and_the_advantages_the_update_took
 LOG_REPLAY = (LG + "replay_gives_the_logged_runs_weights",)
 EV, DDP, EP = "nanorl/evaluate.py", "tests/test_ddp.py::test_", "nanorl/episodes.py"
 TP, BP, TM = "nanorl/templates.py", "nanorl/bpe.py", "tests/test_templates.py::test_"
-STOPS = (TM + "a_stop_across_three_tokens_ends_the_turn_at_its_last",
+STOPS = (TM + "a_stop_across_four_tokens_ends_the_turn_at_its_last",
          TM + "a_stop_that_ends_inside_a_longer_token_keeps_the_whole_token")
 MALFORMED = (TM + "two_stops_or_a_stop_then_eos_are_malformed_and_eos_alone_ends_the_answer",)
 GOLDEN = (TM + "each_templates_three_turn_rendering_is_golden",)

@@ -54,8 +54,9 @@ def from_dict(d):
                                           special_tokens=d["special_tokens"]))
 
 
-# GPT-2's pre-tokenizer: merges never cross a boundary between letters, digits, other marks, spaces
-PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+# GPT-2's pre-tokenizer, each digit a piece of its own (as LLaMA's splits numbers: a number's
+# tokens are its digits, and 73 and 74 share one): merges never cross letters, digits, marks, spaces
+PATTERN = r"""'(?:[sdmt]|ll|ve|re)| ?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 
 
 def learn(text, vocab_size, name="task"):

@@ -53,12 +53,12 @@ def ids_of(tok, *pieces):
 # ---------------------------------------------------------------- (b) stop strings
 
 
-def test_a_stop_across_three_tokens_ends_the_turn_at_its_last():
+def test_a_stop_across_four_tokens_ends_the_turn_at_its_last():
     tok = role_bpe()
-    turn = ids_of(tok, b" 5", b"0", b"\n", b"\n", b"User", b":")  # " 5" "0": not BPE's own " 50"
-    reads = [templates.read_turn(tok, turn[:k], ROLE.stop and (ROLE.stop,)) for k in range(1, 7)]
-    assert reads == [None] * 5 + [(" 50", "stop")]
-    assert tok.encode(" 50") != turn[:2]  # the sampled split is not the canonical one
+    turn = ids_of(tok, b" ", b"5", b"0", b"\n", b"\n", b"Use", b"r", b":")  # "Use" "r": not BPE's "User"
+    reads = [templates.read_turn(tok, turn[:k], (ROLE.stop,)) for k in range(1, 9)]
+    assert reads == [None] * 7 + [(" 50", "stop")]
+    assert tok.encode("\n\nUser:") != turn[3:]  # the sampled split is not the canonical one
 
 
 def test_a_stop_that_ends_inside_a_longer_token_keeps_the_whole_token():
@@ -155,9 +155,10 @@ def tiny(tok, seed=0, values=False):
 
 
 # a policy that writes guesses and ends its turns: each token's logits pushed by the token it reads
-SCRIPT = {b":": {b" 5": 6, b" 50": 6, b" 1": 6}, b" 5": {b"0": 8, b"\n": 6},
-          b" 50": {b"\n": 8}, b"0": {b"\n": 8}, b" 1": {b"\n": 8},
-          b"\n": {b"\n": 8, b"User": 8}, b"User": {b":": 10}}
+SCRIPT = {b":": {b" ": 10}, b" ": {b"5": 6, b"1": 6, b"7": 6}, b"5": {b"0": 8, b"\n": 6},
+          b"0": {b"\n": 8}, b"1": {b"\n": 8}, b"7": {b"\n": 8},
+          b"\n": {b"\n": 8, b"User": 7, b"Use": 7}, b"Use": {b"r": 10}, b"r": {b":": 10},
+          b"User": {b":": 10}}
 
 
 def scripted(model, tok):
@@ -201,7 +202,7 @@ def bridges(tok, games, r):
 
 
 def test_bpe_turns_reach_the_trainer_as_sampled_and_the_context_is_their_concatenation():
-    """(a) Non-canonical splits (" 5" "0", not BPE's " 50") stay as drawn: each row's response is
+    """(a) Non-canonical splits ("Use" "r", not BPE's "User") stay as drawn: each row's response is
     its turns' ids, each followed by its bridge (role_colon's text of the answer, encoded alone),
     so each turn's ids are a prefix of the next turn's context; what follows the last bridge is an
     unfinished turn. The trainer reads these ids (test (c) scores them)."""
@@ -398,7 +399,8 @@ def test_bpe_tokenizers_round_trip_and_learn_deterministically():
     again = bpe.learn(role_games(), 512)
     assert again.to_dict() == tok.to_dict() and bpe.from_dict(tok.to_dict()).encode("User: 1-100:") == \
         tok.encode("User: 1-100:")
-    assert tok.vocab_size < 512 and {b" 50", b"User", b"Assistant"} <= set(tok.enc._mergeable_ranks)
+    assert tok.vocab_size < 512 and {b"User", b"Assistant", b" <"} <= set(tok.enc._mergeable_ranks)
+    assert tok.encode(" 50") == [tok.enc.encode_single_token(b) for b in (b" ", b"5", b"0")]  # digits apart
 
 
 # ---------------------------------------------------------------- the Env built from the task row
@@ -463,7 +465,7 @@ def metrics(path):
 
 
 @pytest.mark.parametrize("task, template, shape", [
-    ("env:guess", "role_colon", dict(block_size=96, max_new_tokens=80)),
+    ("env:guess", "role_colon", dict(block_size=112, max_new_tokens=96)),
     ("mul3_tool", "plain", dict(block_size=96, max_new_tokens=80))])
 def test_sft_and_rl_play_with_a_learned_bpe(task, template, shape, tmp_path):
     """Guess the number as a dialogue and the calculator, each with --tokenizer=bpe:400: SFT
@@ -490,3 +492,18 @@ def test_an_unknown_template_or_a_template_without_an_environment_is_refused():
         sft.load_task(sft.Config(task="env:guess", reverse=False, template="roles"))
     with pytest.raises(UserError, match=r"^tokenizer 'bpe:12': write bpe:N with N >= 257"):
         sft.load_task(sft.Config(task="env:guess", reverse=False, tokenizer="bpe:12"))
+
+
+def test_gpt2s_own_bpe_ends_a_role_colon_turn_where_its_file_is_cached():
+    """GPT-2's encoding (skipped where tiktoken has no cached copy: no network here): "\\n\\nUser:"
+    spans its tokens, and the turn is read the same with its canonical ids and a split of them."""
+    from tokenizer import TokenizerError
+    try:
+        tok = bpe.load("gpt2")
+    except TokenizerError:
+        pytest.skip("GPT-2's BPE file is not cached")
+    ids = tok.encode(" 50\n\nUser:")
+    assert len(tok.encode("\n\nUser:")) > 1 and templates.stop_ids(tok, (ROLE.stop,)) is None
+    assert [templates.read_turn(tok, ids[:k], (ROLE.stop,)) for k in range(1, len(ids) + 1)][-1] == (" 50", "stop")
+    split = tok.encode(" 5") + tok.encode("0") + tok.encode("\n\nUser:")
+    assert split != ids and templates.read_turn(tok, split, (ROLE.stop,)) == (" 50", "stop")
