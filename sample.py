@@ -19,6 +19,7 @@ import torch
 
 from data.tasks import format_prompt, parse_answer
 from model import generate
+from nanorl import templates
 from nanorl.config import UserError, run_cli
 from nanorl.evaluate import load_policy
 from nanorl.rows import encode_prompts, responses
@@ -87,6 +88,8 @@ def main(cfg):
         raise UserError(f"split must be val or test, got {cfg.split!r}")
     problems = getattr(task, cfg.split) if cfg.split else \
         read_prompts(cfg, tok, model.config.block_size)
+    if task.env_module and not cfg.split:  # your prompts as the episodes' template writes them
+        problems = [(templates.of(task.template).prompt(p), gold) for p, gold in problems]
     if task.env_module and any(gold is None for _, gold in problems):
         raise UserError(f"{task.name}'s episodes need their answers: give --answer, "
                         "prompt<TAB>answer lines or --split")

@@ -271,15 +271,18 @@ def score_samples(task, out, problems, episodes=None):
 
 def env_metrics(calls, prefix):
     """Sampler calls [(their Episodes, generate's result)] -> turns per episode, the share of
-    turns the environment could not take, the share of response tokens it wrote, and with an
-    oracle (Env.winning_moves) the losing states: the distinct states whose move lost a winnable
-    game (greedy calls: the policy's modal move)."""
+    turns the environment could not take, the shares of turns that ended malformed or at their
+    cap (templates.read_turn), the share of response tokens it wrote, and with an oracle
+    (Env.winning_moves) the losing states: the distinct states whose move lost a winnable game
+    (greedy calls: the policy's modal move)."""
     turns, invalid = (torch.cat(t) for t in zip(*(episodes.stats() for episodes, _ in calls)))
     resp, act = (sum(out[k][:, out["prompt_len"]:].sum().item() for _, out in calls)
                  for k in ("response_mask", "action_mask"))
     out = {f"{prefix}/turns": turns.mean().item(),
            f"{prefix}/invalid_frac": invalid.sum().item() / max(1, turns.sum().item()),
-           f"{prefix}/env_token_frac": 1 - act / max(1, resp)}
+           f"{prefix}/env_token_frac": 1 - act / max(1, resp),
+           **{f"{prefix}/turns_{how}_frac": sum(v.how == how for e, _ in calls for v in e.visits)
+              / max(1, turns.sum().item()) for how in ("malformed", "length")}}
     if any(v.before is not None for episodes, _ in calls for v in episodes.visits):
         out[f"{prefix}/losing_states"] = len(losing_states(episodes for episodes, _ in calls))
     return out

@@ -82,6 +82,10 @@ def test_two_stops_or_a_stop_then_eos_are_malformed_and_eos_alone_ends_the_answe
     tok = byte_bpe(b"||", b"|<")
     stops = ("|",)
     assert templates.read_turn(tok, ids_of(tok, b"5", b"||"), stops) == (None, "malformed")
+    games = Episodes(GUESS, [(guess.PROMPT, "37")], 1, tok, False, {})
+    assert games.ended(0, ids_of(tok, b"5", b"||")) == (None, "malformed")  # the Env reads None
+    assert games.step(0, ids_of(tok, b"5", b"||"), None, "malformed")[0] == tok.encode("?")
+    assert games.visits[0].how == "malformed" and games.envs[0].invalid == 1
     assert templates.read_turn(tok, ids_of(tok, b"5", b"|") + [tok.eos_id], stops) == (None, "malformed")
     assert templates.read_turn(tok, ids_of(tok, b"5") + [tok.eos_id], stops) == ("5", "eos")
     assert templates.read_turn(tok, ids_of(tok, b"5", b"|<"), stops) == ("5", "stop")
@@ -336,6 +340,8 @@ def test_a_turn_cut_by_the_cap_is_reported_as_length():
     finally:
         hook.remove()
     assert [v.how for v in games.visits] == ["length"] * 3 and games.envs[0].seen == [None] * 3
+    from nanorl.evaluate import env_metrics
+    assert env_metrics([(games, out)], "eval")["eval/turns_length_frac"] == 1.0
     assert [v.end - v.start + 1 for v in games.visits] == [3, 3, 3]
     rewards = out["turn_rewards"][0]
     assert rewards.nonzero()[:, 0].tolist() == [v.end for v in games.visits] and rewards.sum() == 0.75

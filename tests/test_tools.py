@@ -374,7 +374,8 @@ def test_episode_metrics_count_turns_invalid_turns_and_environment_tokens():
            "action_mask": torch.tensor([[1] * 5 + [0] * 3 + [1, 1] + [0] * 5,
                                         [1] * 3 + [0] * 3 + [1] * 5 + [0] * 3 + [1]])}
     m = env_metrics([(env, out)], "eval")
-    assert m == {"eval/turns": 1.5, "eval/invalid_frac": 1 / 3, "eval/env_token_frac": 9 / 25}
+    assert m == {"eval/turns": 1.5, "eval/invalid_frac": 1 / 3, "eval/env_token_frac": 9 / 25,
+                 "eval/turns_malformed_frac": 0.0, "eval/turns_length_frac": 0.0}
 
 
 def test_gold_rows_mask_exactly_the_results():
