@@ -36,7 +36,8 @@ class Env(Protocol):
     invalid: int  # the turns so far it could not take (eval/invalid_frac)
 
     def step(self, turn: Optional[str]) -> tuple[str, float, bool]:
-        """A turn's text (None: it held a special token) -> (observation, reward, done)."""
+        """A turn's text before its stop (None: unreadable: a special token inside, a second stop,
+        cut at max_turn_tokens) -> (observation, reward, done)."""
 
     def score(self, final: Optional[str]) -> float:
         """final: the policy's text after the last observation (None: no EOS) -> [0, 1]."""
