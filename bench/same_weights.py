@@ -47,8 +47,9 @@ RL = ["--max_iters=2", "--eval_interval=100", "--eval_samples=0", "--prompts_per
 def weights(tree, ckpt, name, out, extra=()):
     """Row `name` run by the tree at `tree` for two steps -> its final state dict."""
     teacher = [f"--teacher_ckpt={ckpt}"] if name in ("opd", "gkd") else []
+    k = ["--pass_k=2"] if name == "pass_at_k" else []  # k below the group of 4
     cmd = [sys.executable, "-c", RUN, tree, f"--loss={name}", f"--sft_ckpt={ckpt}", f"--out_dir={out}",
-           *RL, *teacher, *extra]
+           *RL, *teacher, *k, *extra]
     r = subprocess.run(cmd, cwd=tree, capture_output=True, text=True,
                        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1"})
     if r.returncode:
