@@ -151,8 +151,7 @@ def task_splits(name, rg_config=None, alphabet=None):
 def env_of(task):
     """The environment a task names (an envs/ module: its TASKS env, env:NAME or env:NAME:FOLDER),
     or None."""
-    name = TASKS.get(task, {}).get("env") or \
-        (task.split(":")[1] if task.startswith("env:") else None)
+    name = TASKS.get(task, {}).get("env") or task.startswith("env:") and task.split(":")[1]
     if not name:
         return None
     try:
