@@ -61,7 +61,7 @@ class KVCache:
 
     def select(self, rows):
         """Keep the cache rows `rows` (U,), in that order; a row may repeat."""
-        self.k, self.v = [t[rows] for t in self.k], [t[rows] for t in self.v]
+        self.k, self.v = ([t.index_select(0, rows) for t in c] for c in (self.k, self.v))
 
     def expand(self, counts):
         """Repeat row i counts[i] times (counts (B,))."""
