@@ -72,10 +72,10 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import model  # noqa: E402
 import rl  # noqa: E402
 import sft  # noqa: E402
 from data.tasks import TASKS  # noqa: E402
-import model  # noqa: E402
 from model import GPT, seeded  # noqa: E402
 from nanorl import bpe, loop, offpolicy  # noqa: E402
 from nanorl.checkpoint import save_checkpoint  # noqa: E402
@@ -147,21 +147,21 @@ def patches(stages, run):
     old_logprobs = offpolicy.logprobs
     backward, optimizer_step = torch.Tensor.backward, loop.optimizer_step
 
-    def timed_forward(model, idx, offsets=None, cache=None, return_scalar=False):
+    def timed_forward(gpt, idx, offsets=None, cache=None, return_scalar=False):
         (B, T), S = idx.shape, (cache.pos if cache is not None else 0)
-        flops = forward_flops(model.config, B, T, S)
+        flops = forward_flops(gpt.config, B, T, S)
         name = stages.current or "prefill"  # no stage open: generate's prompt forward
         stages.flops[name] += flops
         stages.sizes[name].append((B * T, flops))
         stages.pending += flops if torch.is_grad_enabled() else 0
         with nullcontext() if stages.current else stages.timed(name):
-            return forward(model, idx, offsets, cache, return_scalar)
+            return forward(gpt, idx, offsets, cache, return_scalar)
 
-    def timed_logprobs(model, *args, **kw):
-        name = "reference forward" if model is run.ref else \
+    def timed_logprobs(gpt, *args, **kw):
+        name = "reference forward" if gpt is run.ref else \
             "policy forward" if torch.is_grad_enabled() else "values forward"  # PPO's
         with stages.timed(name):
-            return logprobs(model, *args, **kw)
+            return logprobs(gpt, *args, **kw)
 
     def timed_extend(*args):
         with stages.timed("decode"):
@@ -177,11 +177,11 @@ def patches(stages, run):
         with stages.timed("policy backward"):
             return backward(tensor, *args, **kw)
 
-    def timed_optimizer_step(model, *args):
-        n = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    def timed_optimizer_step(gpt, *args):
+        n = sum(p.numel() for p in gpt.parameters() if p.requires_grad)
         stages.flops["optimizer"] += OPT_FLOPS * n
         with stages.timed("optimizer"):
-            return optimizer_step(model, *args)
+            return optimizer_step(gpt, *args)
 
     stack = ExitStack()
     for obj, attr, new in [(GPT, "forward", timed_forward), (model, "extend", timed_extend),
@@ -204,8 +204,8 @@ def fresh_checkpoint(sft_args, path, seed):
         cfg = replace(cfg, reverse=cfg.task in TASKS)
     task, _ = sft.load_task(cfg)
     torch.manual_seed(seed)
-    model, config = sft.build_model(cfg, task.tok), {**asdict(cfg), **task.settings()}  # sft's
-    save_checkpoint(path, model, None, config, 0, task.tok)
+    gpt, config = sft.build_model(cfg, task.tok), {**asdict(cfg), **task.settings()}  # sft's
+    save_checkpoint(path, gpt, None, config, 0, task.tok)
 
 
 def build_run(b, name, tmp):
@@ -317,17 +317,17 @@ def copy_peak(n, repeats):
     return 8 * n / median_time(lambda: b.copy_(a), repeats) / 1e9
 
 
-def own_peaks(model, timed, counted, repeats):
+def own_peaks(gpt, timed, counted, repeats):
     """{stage: (own peak GFLOP/s, what it is)}: each stage that ran matmuls at its own shapes;
     the optimizer at the copy bandwidth, as the FLOPs it would do moving OPT_BYTES a parameter."""
-    peaks, c = {}, model.config
+    peaks, c = {}, gpt.config
     for name in STAGES[:-1]:
         if all(name in t for t in timed):
             backward = name == "policy backward"
             M = typical_m(counted.sizes["policy forward" if backward else name])
             peaks[name] = own_shape_peak(c, M, backward, repeats), f"M={M}"
     if all("optimizer" in t for t in timed):
-        bw = copy_peak(sum(p.numel() for p in model.parameters()), repeats)
+        bw = copy_peak(sum(p.numel() for p in gpt.parameters()), repeats)
         peaks["optimizer"] = bw * OPT_FLOPS / OPT_BYTES, f"copy {bw:.0f} GB/s"
     return peaks
 
