@@ -104,14 +104,15 @@ def main(b):
 
 PHASES = {"rollout: sampler": "model.py:.*\\(generate\\)", "rollout: grading": "rl.py:.*\\(rollout\\)",
           "update: reference forward": "rl.py:.*\\(prepare\\)",
-          "update: policy forward": "rl.py:.*\\(forward\\)", "update: backward": "method 'run_backward'",
+          "update: policy forward": "rl.py:.*\\(accumulate\\)", "update: backward": "method 'run_backward'",
           "update: optimizer": "loop.py:.*\\(optimizer_step\\)", "update: all": "rl.py:.*\\(update\\)",
           "step": "one_step"}
 
 
 def profile(one_step, n):
-    """Per phase (cProfile, cumulative; grading = rollout less the sampler, policy forward less the
-    no-grad ones) and per op (torch.profiler, self time), per step."""
+    """Per phase (cProfile, cumulative; grading = rollout less the sampler, policy forward = rl's
+    accumulate less the backward: its forward and loss) and per op (torch.profiler, self time),
+    per step."""
     import cProfile
     import pstats
     import re
@@ -122,6 +123,7 @@ def profile(one_step, n):
     cum = {k: sum(v[3] for f, v in stats.items() if re.search(pat, f"{f[0]}:{f[1]}({f[2]})"))
            for k, pat in PHASES.items()}
     cum["rollout: grading"] -= cum["rollout: sampler"]
+    cum["update: policy forward"] -= cum["update: backward"]  # accumulate runs both
     cum["update: all"] += cum["update: reference forward"]
     for k, v in cum.items():
         print(f"{k:28s} {1e3 * v / n:8.1f} ms  {100 * v / cum['step']:5.1f}%")
