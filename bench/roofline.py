@@ -5,6 +5,7 @@ the rate of its own matmul shapes and of a big GEMM, measured in the same run.
     python bench/roofline.py --config=all --threads=1     # the three configs, a table each
     python bench/roofline.py --config=grpo --steps=2 --warmup=1 --threads=1   # quick
     python bench/roofline.py --config=gpt2 --gpt2_prompts_per_step=8 --gpt2_group_size=4
+    python bench/roofline.py --config=grpo --rl_flags=--sampler_bf16=true   # a candidate
 
 The configs, each the real step: rl.py's own check, setup and pg_step. Dynamic sampling and prompt
 selection are off, as in bench/rl_step.py, so that every step does the same work; fp32 (CPU).
@@ -93,6 +94,7 @@ class Config:
     gpt2_prompts_per_step: int = 4  # gpt2's batch: a step takes seconds on one core
     gpt2_group_size: int = 4
     repeats: int = 5  # timings of each peak's matmul loop: their median
+    rl_flags: str = ""  # more rl.py flags for every config, e.g. "--sampler_bf16=true"
 
 
 # --config -> (rl.py's config files and flags, sft.py's config files of its fresh model)
@@ -214,7 +216,7 @@ def build_run(b, name, tmp):
     if name == "gpt2":
         rl_args = rl_args + [f"--prompts_per_step={b.gpt2_prompts_per_step}",
                              f"--group_size={b.gpt2_group_size}"]
-    cfg, algo, hp = rl.check(load_config(rl.Config, rl_args + SAME_WORK))
+    cfg, algo, hp = rl.check(load_config(rl.Config, rl_args + SAME_WORK + b.rl_flags.split()))
     origin = cfg.sft_ckpt
     if b.fresh or not os.path.exists(cfg.sft_ckpt):
         origin = f"a fresh model of sft.py {' '.join(sft_args) or 'defaults'}"
