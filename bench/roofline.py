@@ -81,6 +81,7 @@ from model import GPT, seeded  # noqa: E402
 from nanorl import bpe, loop, offpolicy  # noqa: E402
 from nanorl.checkpoint import save_checkpoint  # noqa: E402
 from nanorl.config import load_config  # noqa: E402
+from nanorl.ddp import bf16_default  # noqa: E402
 from tokenizer import TokenizerError  # noqa: E402
 
 
@@ -295,12 +296,11 @@ def typical_m(sizes):
             return M
 
 
-def cpu_info():
-    """(model name, the CPU's native bf16 flags, torch's CPU capability) from /proc/cpuinfo."""
+def cpu_name():
+    """The CPU's model name from /proc/cpuinfo."""
     text = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    name, flags = re.search(r"model name\s*:\s*(.*)", text), re.search(r"flags\s*:\s*(.*)", text)
-    bf16 = sorted({"avx512_bf16", "amx_bf16"} & set(flags[1].split() if flags else ()))
-    return (name[1] if name else "unknown CPU"), bf16, torch.backends.cpu.get_cpu_capability()
+    name = re.search(r"model name\s*:\s*(.*)", text)
+    return name[1] if name else "unknown CPU"
 
 # -------------------- the table
 
@@ -404,10 +404,10 @@ def main(b):
     names = list(RUNS) if b.config == "all" else [b.config]
     if any(n not in RUNS for n in names):
         raise SystemExit(f"--config must be one of {', '.join(RUNS)} or all, got {b.config!r}")
-    cpu, bf16, capability = cpu_info()
+    bf16, capability = bf16_default(torch.device("cpu")), torch.backends.cpu.get_cpu_capability()
     big = big_gemm_peak(torch.float32, b.repeats)
     big_bf16 = f", bf16 {big_gemm_peak(torch.bfloat16, b.repeats):.0f} GFLOP/s" if bf16 else ""
-    print(f"CPU: {cpu}; native bf16: {'yes (' + ', '.join(bf16) + ')' if bf16 else 'no'}, "
+    print(f"CPU: {cpu_name()}; native bf16: {'yes' if bf16 else 'no'} (nanorl.ddp.bf16_default), "
           f"torch capability {capability}; {b.threads} thread(s); torch {torch.__version__}; "
           f"big-GEMM peak (2048^3): fp32 {big:.0f} GFLOP/s{big_bf16}. The steps run in fp32.")
     for name in names:
