@@ -20,9 +20,8 @@ from model import GPT, GPTConfig, seeded
 from nanorl.config import UserError, run_cli
 from nanorl.ddp import all_reduce, bf16_default
 from nanorl.evaluate import Task, env_of, evaluate, task_alphabet, task_splits, verifier_of
-from nanorl import bpe, loop
+from nanorl import bpe, loop, templates
 from nanorl.loop import TrainConfig, start
-from nanorl import templates
 from nanorl.rows import encode_prompts, pack
 from tokenizer import CharTokenizer
 
