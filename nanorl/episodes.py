@@ -97,6 +97,7 @@ class Episodes:
         self.tok, self.reverse, self.eos, self.template = tok, reverse, tok.eos_id, template
         self.stops = template.stops(module.Env.stops)
         self.fast = templates.stop_ids(tok, self.stops)  # None: each turn's text is read
+        self.fast_ids = torch.tensor(self.fast or ())  # (S,) built once, not each decode step
         self.cap = getattr(module.Env, "max_turn_tokens", None)  # a turn's tokens at most
         self.start = [0] * len(self.envs)  # where each row's current turn starts
         self.turns = [0] * len(self.envs)
@@ -118,7 +119,7 @@ class Episodes:
         that is one token is matched by id; otherwise every acting row's turn text is read."""
         t, rows = len(toks) - 1, act
         if self.fast and not self.cap:  # only a stop's id can end a turn
-            rows = act & torch.isin(toks[-1], torch.tensor(self.fast, device=act.device))
+            rows = act & torch.isin(toks[-1], self.fast_ids.to(act.device))
         rows = rows.nonzero()[:, 0].tolist()
         for r, ids in zip(rows, torch.stack(toks, 1)[rows].tolist() if rows else []):
             ended = self.ended(r, ids)
