@@ -206,8 +206,7 @@ def line_of(task, split, i):
 def load_split(task, split, alphabet=None):
     """[(prompt, answer)] of a split: generated on first use, or your folder's JSONL
     ({"prompt": ..., "answer": ...} a line, any other fields a Row's) or `prompt=answer` text.
-    alphabet: the characters
-    your task may use (None: any)."""
+    alphabet: the characters your task may use (None: any)."""
     path = ensure_data(task) / f"{split}.jsonl"
     if path.is_file():
         fields, own = {"prompt": str, "answer": str}, ("prompt", "answer", "ground_truth")
