@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_names import tracked
+
 ROOT = Path(__file__).resolve().parent.parent
 TINY = {  # flags appended to each script's command: every run a few seconds
     "data.tasks": [],
@@ -51,10 +53,10 @@ def commands():
     """[(where, command)] of the README's indented blocks, then of every module docstring: each
     `;`-separated command once, its comment and line continuations removed."""
     found = [("README.md", line) for line in readme_commands()]
-    for path in sorted(ROOT.glob("*.py")) + sorted(ROOT.glob("*/*.py")):
-        if path.parent.name != "tests":
-            doc = (ast.get_docstring(ast.parse(path.read_text())) or "").replace("\\\n", " ")
-            found += [(str(path.relative_to(ROOT)), line) for line in doc.split("\n")
+    for path in tracked(".py"):  # the top level's and one folder down's, tests/ left out
+        if path.count("/") <= 1 and not path.startswith("tests/"):
+            doc = (ast.get_docstring(ast.parse((ROOT / path).read_text())) or "").replace("\\\n", " ")
+            found += [(path, line) for line in doc.split("\n")
                       if re.match(r"\s*(python|torchrun)\b", line)]
     out = {}
     for where, line in found:

@@ -5,6 +5,7 @@ assignment, a loop or `with` target, a parameter). The names banned came from a 
 (two meanings on two consecutive lines of nanorl/turns.py)."""
 import ast
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ import pytest
 from nanorl import loop
 
 ROOT = Path(__file__).resolve().parent.parent
-SKIP = {"tests", "bench", "out", "wandb"}  # and hidden folders (.git, a venv)
+SKIP = ("tests/", "bench/")  # the rules cover the code a run executes
 BANNED = {  # a local never takes this name: why
     "got": "says nothing of what it holds, and turns.py's held two things on two lines",
     "prepared": "rl.py's stats dict of that name is gone",
@@ -26,11 +27,18 @@ BANNED = {  # a local never takes this name: why
 SHADOWS = {("losses.py", "loss"), ("nanorl/loop.py", "save"), ("nanorl/rollout_log.py", "facts")}
 
 
+def tracked(*suffixes):
+    """The repo's files that git tracks and that end in one of suffixes, relative paths, sorted:
+    never a virtualenv, out/ or data a run generated inside the checkout."""
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True,
+                           text=True).stdout.split("\0")
+    return sorted(n for n in names if n.endswith(suffixes) and (ROOT / n).is_file())
+
+
 def sources():
     """{path relative to the repo: its parsed module} for the code the rules cover."""
-    return {p.relative_to(ROOT).as_posix(): ast.parse(p.read_text(), str(p))
-            for p in sorted(ROOT.rglob("*.py"))
-            if not any(part in SKIP or part.startswith(".") for part in p.relative_to(ROOT).parts)}
+    return {p: ast.parse((ROOT / p).read_text(), p) for p in tracked(".py")
+            if not p.startswith(SKIP)}
 
 
 def locals_of(tree):
@@ -89,9 +97,8 @@ def test_the_clock_logs_an_eval_and_decides_best_apart():
     decides, and no code or doc calls the old name."""
     assert not hasattr(loop.Clock, "is_best")
     assert callable(loop.Clock.log_eval) and callable(loop.Clock.new_best)
-    texts = [p for p in ROOT.rglob("*") if p.suffix in (".py", ".md") and not any(
-        part in SKIP or part.startswith(".") for part in p.relative_to(ROOT).parts)]
-    found = [p.relative_to(ROOT).as_posix() for p in texts if "is_best" in p.read_text()]
+    found = [p for p in tracked(".py", ".md") if not p.startswith(SKIP)
+             and "is_best" in (ROOT / p).read_text()]
     assert not found, found
 
 
