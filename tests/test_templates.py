@@ -245,7 +245,8 @@ def test_the_action_mask_counts_the_sampled_tokens_and_rewards_sit_on_each_turns
 @pytest.mark.parametrize("kind", ["char", "bpe"])
 def test_sampler_logps_equal_the_trainers_over_three_turns(kind):
     """(c) Every action position, over rows of 3 turns and more: the trainer's log-prob is the
-    sampler's within 1e-6 (fp32; the KV-cache decode and the full forward are different kernels),
+    sampler's within 1e-5 (fp32's floor, bench/logp_floor.py: the KV-cache decode and the full
+    forward are different kernels; a CPU without AVX-512 lands past 1e-6),
     exactly 0 off the actions; cached and uncached sampling make the same rows."""
     if kind == "bpe":
         _, _, out, games, lp = bpe_rollout()
@@ -265,7 +266,7 @@ def test_sampler_logps_equal_the_trainers_over_three_turns(kind):
     act = out["action_mask"][:, out["prompt_len"]:].bool()
     assert max(games.turns) >= 3 and act.sum() > 50
     assert (out["logps"][~act] == 0).all() and (lp[~act] == 0).all()
-    assert (lp - out["logps"]).abs().max() <= 1e-6
+    assert (lp - out["logps"]).abs().max() <= 1e-5
 
 
 @functools.lru_cache(maxsize=1)
