@@ -70,6 +70,7 @@ EV, DDP, EP = "nanorl/evaluate.py", "tests/test_ddp.py::test_", "nanorl/episodes
 TP, BP, TM = "nanorl/templates.py", "nanorl/bpe.py", "tests/test_templates.py::test_"
 STOPS = (TM + "a_stop_across_four_tokens_ends_the_turn_at_its_last",
          TM + "a_stop_that_ends_inside_a_longer_token_keeps_the_whole_token")
+SPLIT_STOP = (TM + "every_tokenization_of_a_one_token_stop_ends_the_turn_alike",)
 MALFORMED = (TM + "two_stops_or_a_stop_then_eos_are_malformed_and_eos_alone_ends_the_answer",)
 GOLDEN = (TM + "each_templates_three_turn_rendering_is_golden",)
 DEMO_FORCED = (TM + "a_demonstration_is_the_row_the_sampler_makes_when_its_turns_are_forced",)
@@ -908,8 +909,10 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "resume: the value table starts empty again",
      ("tests/test_envs.py::test_a_resumed_game_run_is_exact_with_its_queued_episodes",)),
     # issue 54: stop strings, templates, BPE turns, the Env built from the task row
-    (TP, "if any(sum(s in t for t in texts) > 1 for s in stops):", "if False:",
+    (TP, "if any(s in t for t in others) or tails and", "if tails and",
      "stop_ids: a stop inside a longer token matched by id", STOPS),
+    (TP, "or tails and any(t.startswith(tails) for t in others):", ":",
+     "stop_ids: a stop written across tokens matched by id", SPLIT_STOP),
     (TP, "return min(hits)[::-1] if hits else None", "return max(hits)[::-1] if hits else None",
      "find_stop: the stop completed last", MALFORMED),
     (TP, "if eos or find_stop(text[hit[1]:], stops):", "if find_stop(text[hit[1]:], stops):",

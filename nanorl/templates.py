@@ -161,12 +161,18 @@ def read_turn(tok, ids, stops):
 
 @functools.cache
 def stop_ids(tok, stops):
-    """The stops' ids when each stop is one token whose text no other token's contains (the fast
-    path: a turn ends on an id, the char tokenizer's always), else None (read the text)."""
+    """The stops' ids when a stop's text can only be written as its own one token (the fast path: a
+    turn ends on an id, the char tokenizer's always), else None (read the text). Each stop must be
+    one token, ASCII (no byte of it inside another character), held by no other token's text, and
+    begun by none: a token that starts with the rest of a stop ("#" after "#" writes "##") would
+    complete it across tokens, which an id never sees."""
     ids = [tok.encode(s) for s in stops]
-    if any(len(i) != 1 for i in ids):
+    if any(len(i) != 1 for i in ids) or not all(s.isascii() for s in stops):
         return None
     texts = [tok.text_so_far([i]) for i in range(tok.vocab_size) if i not in tok.special_ids]
-    if any(sum(s in t for t in texts) > 1 for s in stops):
-        return None
+    others = [t for t in texts if t not in stops]  # a stop's own token ends the turn by id
+    for s in stops:
+        tails = tuple(s[j:] for j in range(1, len(s)))  # what a token after s[:j] would need
+        if any(s in t for t in others) or tails and any(t.startswith(tails) for t in others):
+            return None
     return tuple(i for i, in ids)

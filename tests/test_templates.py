@@ -3,6 +3,7 @@ the sampled text, templates and their bridges, BPE turns kept token for token fr
 the trainer. Tiny models, CPU."""
 import copy
 import functools
+from types import SimpleNamespace
 
 import pytest
 import tiktoken
@@ -65,6 +66,41 @@ def test_a_stop_that_ends_inside_a_longer_token_keeps_the_whole_token():
     tok = byte_bpe(b"|<", b"50")
     assert templates.read_turn(tok, ids_of(tok, b"50", b"|<"), ("|",)) == ("50", "stop")
     assert templates.stop_ids(tok, ("|",)) is None  # "|<" holds "|": the text is read
+    assert templates.stop_ids(CHAR, ("|",)) == tuple(CHAR.encode("|"))  # one char: by id
+
+
+class Reader:
+    """An environment whose turns end on the two-character stop "##": it keeps what it reads."""
+    stops, max_turns, max_obs, invalid = ("##",), 3, 4, 0
+
+    def __init__(self, answer):
+        self.read = []
+
+    def step(self, turn):
+        self.read.append(turn)
+        return "ok", 1.0, False
+
+    def score(self, final):
+        return 0.0
+
+
+@pytest.mark.parametrize("split", [(b"7", b"##"), (b"7", b"#", b"#"), (b"7", b"#", b"#>")])
+def test_every_tokenization_of_a_one_token_stop_ends_the_turn_alike(split):
+    """A learned BPE makes "##" one token, but the policy may write it as "#" "#", or end it inside
+    "#>": each ends the turn at its last token, the environment reads "7" and its bridge follows.
+    Matched by id alone, only the first would end."""
+    tok = bpe.learn("1##\n" * 40 + "2#>\n" * 30, 300)
+    assert len(tok.encode("##")) == 1 and len(tok.encode("#>")) == 1
+    games = Episodes(SimpleNamespace(Env=Reader, __name__="reader"), [("go:", "x")], 1, tok, False, {})
+    toks, act = [], torch.tensor([True])
+    for k, token in enumerate(ids_of(tok, *split)):
+        toks.append(torch.tensor([token]))
+        games.end_turns(toks, act)
+        assert games.envs[0].read == ([] if k < len(split) - 1 else ["7"])
+    assert games.queue == {0: tok.encode("ok")} and games.rewards == {(0, len(split) - 1): 1.0}
+    assert templates.stop_ids(tok, ("##",)) is None  # "#" and "#>" begin with the stop's rest
+    assert templates.stop_ids(byte_bpe(b"##"), ("##",)) is None  # "#" alone begins its rest
+    assert templates.stop_ids(byte_bpe(b"|<"), ("<",)) is None  # "|<" holds it
     assert templates.stop_ids(CHAR, ("|",)) == tuple(CHAR.encode("|"))  # one char: by id
 
 
