@@ -70,6 +70,7 @@ EV, DDP, EP = "nanorl/evaluate.py", "tests/test_ddp.py::test_", "nanorl/episodes
 TP, BP, TM = "nanorl/templates.py", "nanorl/bpe.py", "tests/test_templates.py::test_"
 STOPS = (TM + "a_stop_across_four_tokens_ends_the_turn_at_its_last",
          TM + "a_stop_that_ends_inside_a_longer_token_keeps_the_whole_token")
+REWRITES = (TM + "templates_that_rewrite_earlier_turns_or_pad_the_stop_are_refused",)
 SPLIT_STOP = (TM + "every_tokenization_of_a_one_token_stop_ends_the_turn_alike",)
 MALFORMED = (TM + "two_stops_or_a_stop_then_eos_are_malformed_and_eos_alone_ends_the_answer",)
 GOLDEN = (TM + "each_templates_three_turn_rendering_is_golden",)
@@ -913,6 +914,12 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "stop_ids: a stop inside a longer token matched by id", STOPS),
     (TP, "or tails and any(t.startswith(tails) for t in others):", ":",
      "stop_ids: a stop written across tokens matched by id", SPLIT_STOP),
+    (TP, "turn = talk[k - 1][1] + template.stop if", "turn = talk[k - 1][1] if",
+     "check_prefixes: an answer followed by more than the stop passes", REWRITES),
+    (TP, 'answer = f"<think>{k} steps</think>{50 - k}" if k % 2 else str(50 - k)',
+     "answer = str(50 - k)", "check_prefixes: no think block probed (R1-style passes)", REWRITES),
+    (TP, "for k in range(12):  # every other answer thinks first", "for k in range(2):",
+     "check_prefixes: fewer turns than a window keeps", REWRITES),
     (TP, "return min(hits)[::-1] if hits else None", "return max(hits)[::-1] if hits else None",
      "find_stop: the stop completed last", MALFORMED),
     (TP, "if eos or find_stop(text[hit[1]:], stops):", "if find_stop(text[hit[1]:], stops):",

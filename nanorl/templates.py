@@ -99,11 +99,15 @@ class Chat(Plain):
 
 
 def check_prefixes(template, name):
-    """One line unless every rendering of a 3-turn dialogue begins with the one before it and each
-    assistant message is followed by the stop: a template that rewrites earlier turns (e.g. drops
-    their reasoning) would change ids the policy already sampled."""
-    talk = [("user", "1-100:"), ("assistant", "50"), ("user", "<"), ("assistant", "25"),
-            ("user", ">"), ("assistant", "37")]
+    """One line unless every rendering of a dialogue begins with the one before it and each
+    assistant message is followed by the stop: a template that rewrites earlier turns would change
+    ids the policy already sampled. The dialogue holds what templates rewrite: reasoning in a think
+    block (R1-style templates drop it from earlier turns) and more turns than a window keeps
+    (messages[-6:])."""
+    talk = [("user", "1-100:")]
+    for k in range(12):  # every other answer thinks first
+        answer = f"<think>{k} steps</think>{50 - k}" if k % 2 else str(50 - k)
+        talk += [("assistant", answer), ("user", "<>"[k % 2])]
     before = ""
     for k in range(1, len(talk) + 1):
         text = template.render(talk[:k], talk[k - 1][0] == "user")

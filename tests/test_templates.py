@@ -185,6 +185,31 @@ def test_a_chat_template_that_rewrites_history_is_refused_in_one_line(tmp_path):
         templates.of("chat:/nowhere")
 
 
+def chatml(assistant="{{ m['content'] }}<|im_end|>", window=""):
+    """ChatML with its assistant message written as given, over messages{window}."""
+    return (f"{{% for m in messages{window} %}}<|im_start|>{{{{ m['role'] }}}}\n{{% if m['role'] == "
+            f"'assistant' %}}{assistant}{{% else %}}{{{{ m['content'] }}}}<|im_end|>{{% endif %}}\n"
+            "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+R1 = chatml("{% set c = m['content'] %}{% if '</think>' in c and not loop.last %}"
+            "{% set c = c.split('</think>')[-1] %}{% endif %}{{ c }}<|im_end|>")
+
+
+@pytest.mark.parametrize("chat_template,k", [
+    (R1, 5),  # drops the think block of the 4th message, an earlier answer, once a 5th comes
+    (chatml(window="[-6:]"), 7),  # keeps the last 6 messages
+    (chatml("{{ m['content'] }}\n<|im_end|>"), 2),  # its stop is not what follows the answer
+])
+def test_templates_that_rewrite_earlier_turns_or_pad_the_stop_are_refused(tmp_path, chat_template, k):
+    """A reasoning template's think stripping and a window both rewrite turns the policy already
+    sampled; a newline before the end-of-turn marker is text the policy never wrote."""
+    with pytest.raises(UserError, match=rf"^template 'chat:.*' is not prefix-preserving: its "
+                                        rf"rendering of {k} messages does not begin with that of {k - 1}$"):
+        templates.of(hf_tokenizer(tmp_path, chat_template))
+    assert templates.of(hf_tokenizer(tmp_path / "plain", chatml())).stop == "<|im_end|>"
+
+
 # ---------------------------------------------------------------- sampling with a BPE model
 
 
