@@ -450,6 +450,9 @@ def check(cfg):
         why = "needs binary rewards" if algo.binary else "does not learn from rewards"
         raise UserError(f"{cfg.loss} {why}: DAPO's overlong shaping must be off "
                         "(--overlong_window=0)")
+    if not 1 <= hp.get("pass_k", 1) < cfg.group_size:  # pass@k of a group: k below G
+        raise UserError(f"pass_k={hp['pass_k']} must be in [1, group_size - 1 = "
+                        f"{cfg.group_size - 1}]")
     if algo.on_policy and cfg.ppo_epochs * cfg.minibatches > 1:  # no ratio for a 2nd step
         raise UserError(f"{cfg.loss} takes one optimizer step per batch: ppo_epochs and "
                         "minibatches must be 1")

@@ -70,6 +70,8 @@ EV, DDP, EP = "nanorl/evaluate.py", "tests/test_ddp.py::test_", "nanorl/episodes
 TP, BP, TM = "nanorl/templates.py", "nanorl/bpe.py", "tests/test_templates.py::test_"
 STOPS = (TM + "a_stop_across_four_tokens_ends_the_turn_at_its_last",
          TM + "a_stop_that_ends_inside_a_longer_token_keeps_the_whole_token")
+X = "tests/test_explore.py::test_"
+EXPLORE_REFUSED = (X + "exploration_flags_a_run_would_ignore_are_refused",)
 REWRITES = (TM + "templates_that_rewrite_earlier_turns_or_pad_the_stop_are_refused",)
 SPLIT_STOP = (TM + "every_tokenization_of_a_one_token_stop_ends_the_turn_alike",)
 MALFORMED = (TM + "two_stops_or_a_stop_then_eos_are_malformed_and_eos_alone_ends_the_answer",)
@@ -946,6 +948,15 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "make_env: a JSONL row's settings dropped", (TM + "a_jsonl_row_carries_its_environments_settings",)),
     (EP, 'kw["prompt"] = getattr(row, "source", prompt)', 'kw["prompt"] = prompt',
      "make_env: the prompt as the template wrote it", (TM + "a_jsonl_row_carries_its_environments_settings",)),
+    # issue 63: the edges of any-tokenizer environments and exploration
+    ("nanorl/explore.py", "if cfg.temperature_start and cfg.staleness:", "if False:",
+     "explore: a stale rollout trained at another step's temperature", EXPLORE_REFUSED),
+    ("nanorl/explore.py", "if counted and algo.binary:", "if False:",
+     "explore: a count bonus reaches a 0/1-reward row", EXPLORE_REFUSED),
+    ("nanorl/explore.py", "if G > 1:  # ReMax's greedy answer", "if True:  # ReMax's greedy answer",
+     "explore: a group of one divides the repeat penalty by 0", (X + "a_group_of_one_earns_the_count_bonus_and_no_repeat_penalty",)),
+    (RL, 'if not 1 <= hp.get("pass_k", 1) < cfg.group_size:', 'if not 1 <= hp.get("pass_k", 1) <= cfg.group_size:',
+     "check: pass@k with k = G passes", (X + "pass_at_k_with_a_group_no_larger_than_k_is_refused_at_the_check",)),
 ]
 
 

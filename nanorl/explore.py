@@ -42,10 +42,16 @@ class Scheduled:
         if cfg.async_rollouts or cfg.inflight or cfg.replay or algo.family != "pg":
             raise UserError("the exploration flags (count_bonus, repeat_penalty, "
                             "temperature_start) need a synchronous policy-gradient row")
+        if cfg.temperature_start and cfg.staleness:  # its rollout was sampled k steps hotter
+            raise UserError("--temperature_start sets each step's temperature, and --staleness=k "
+                            "would train step s-k's rollout at step s's: set one of them")
         counted = cfg.count_bonus or cfg.repeat_penalty
         if counted and not (task.env_module and hasattr(task.env_module.Env, "state")):
             raise UserError("count_bonus and repeat_penalty count (state, action) pairs: the "
                             "task needs an environment whose Env has a state() method")
+        if counted and algo.binary:
+            raise UserError(f"count_bonus and repeat_penalty are turn rewards, and {cfg.loss} "
+                            "needs 0/1 rewards")
         if not (counted or cfg.temperature_start):
             raise UserError("explore_iters ends the anneals of count_bonus, repeat_penalty and "
                             "temperature_start: set one of them")
@@ -74,7 +80,8 @@ def bonus(cfg, counts, batch, episodes, G):
     in_group = Counter((row // G, key) for (row, _), key in turns)  # the group's same (s, a)
     for (row, end), key in turns:
         extra = cfg.count_bonus / math.sqrt(1 + counts[key])
-        extra -= cfg.repeat_penalty * (in_group[row // G, key] - 1) / (G - 1)
+        if G > 1:  # ReMax's greedy answer is a group of one: no other row to repeat
+            extra -= cfg.repeat_penalty * (in_group[row // G, key] - 1) / (G - 1)
         batch.turn_rewards[row, end] += extra
         batch.reward[row] += extra
     counts.update(key for _, key in turns)

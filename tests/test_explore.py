@@ -185,6 +185,28 @@ def test_count_bonus_and_repeat_penalty_by_hand():
     assert counts[(1, 49, 1), "20"] == 1
 
 
+def test_a_group_of_one_earns_the_count_bonus_and_no_repeat_penalty():
+    """ReMax's greedy answer is a group of one: its turns earn c / sqrt(1 + N) and pay no repeat
+    penalty (no other row repeats them), where G - 1 = 0 once divided by zero."""
+    env = episodes([37], G=1)
+    play(env, 0, ["50", "20"])
+    b = SimpleNamespace(turn_rewards=torch.zeros(1, 8), reward=torch.zeros(1))
+    counts = Counter({((1, 100, 0), "50"): 3})
+    explore.bonus(SimpleNamespace(count_bonus=0.4, repeat_penalty=0.2), counts, b, env, 1)
+    expect = torch.zeros(1, 8)
+    expect[0, 2], expect[0, 6] = 0.4 / math.sqrt(4), 0.4  # "50|", ">", "20|"
+    torch.testing.assert_close(b.turn_rewards, expect)
+    assert counts[(1, 100, 0), "50"] == 4
+
+
+def test_pass_at_k_with_a_group_no_larger_than_k_is_refused_at_the_check():
+    with pytest.raises(rl.UserError, match=r"^pass_k=8 must be in \[1, group_size - 1 = 7\]$"):
+        rl.check(rl.Config(loss="pass_at_k", group_size=8))
+    with pytest.raises(rl.UserError, match=r"^pass_k=4 must be in \[1, group_size - 1 = 3\]$"):
+        rl.check(rl.Config(loss="pass_at_k", group_size=4, pass_k=4))
+    assert rl.check(rl.Config(loss="pass_at_k", group_size=9))[2]["pass_k"] == 8
+
+
 def test_the_bonus_reaches_the_rollout_and_its_counts():
     """rl.rollout on the game with --count_bonus: each turn's reward holds its bonus, the reward
     their sum and the win, and run.counts the rollout's turns."""
@@ -207,6 +229,10 @@ def test_the_bonus_reaches_the_rollout_and_its_counts():
     (dict(count_bonus=0.1, task="add"), "needs an environment"),
     (dict(repeat_penalty=0.1, loss="dpo"), "synchronous policy-gradient"),
     (dict(temperature_start=1.3, staleness=1, async_rollouts=True), "synchronous"),
+    (dict(temperature_start=1.3, staleness=2), "would train step s-k's rollout at step s's"),
+    (dict(count_bonus=0.1, loss="pass_at_k"), "^count_bonus and repeat_penalty are turn rewards, "
+                                              "and pass_at_k needs 0/1 rewards$"),
+    (dict(repeat_penalty=0.1, loss="cliff"), "cliff needs 0/1 rewards"),
     (dict(explore_iters=10), "set one of them"),
     (dict(temperature_start=-1.0), "temperature_start must be > 0"),
     (dict(count_bonus=-0.1), "count_bonus must be >= 0")])
