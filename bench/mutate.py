@@ -805,7 +805,7 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "write: groups numbered within each rank (two ranks' groups share a number)", RANKS_LOG),
     (LOG, "mine, dev = d[\"ranks\"][self.rank], next(", "mine, dev = d[\"ranks\"][0], next(",
      "Replay: every rank trains on rank 0's rows", RANKS_LOG),
-    (LOG, "            if d[\"facts\"][key] != want:", "            if key == \"ranks\" and d[\"facts\"][key] != want:",
+    (LOG, "            if d[\"facts\"].get(key) != want:", "            if key == \"ranks\" and d[\"facts\"].get(key) != want:",
      "Replay: a log of another group size, task, tokenizer or model trains without a word", FITS),
     (LOG, "if algo.advantage in COLUMNS and logged != algo.advantage:", "if False:",
      "Replay: vineppo, gigpo, cliff, remax on a log without their columns (a traceback)", FITS),
@@ -957,6 +957,8 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "explore: a group of one divides the repeat penalty by 0", (X + "a_group_of_one_earns_the_count_bonus_and_no_repeat_penalty",)),
     (RL, 'if not 1 <= hp.get("pass_k", 1) < cfg.group_size:', 'if not 1 <= hp.get("pass_k", 1) <= cfg.group_size:',
      "check: pass@k with k = G passes", (X + "pass_at_k_with_a_group_no_larger_than_k_is_refused_at_the_check",)),
+    (LOG, '"temperature": cfg.temperature, "task": run.task.settings(),', '"task": run.task.settings(),',
+     "replay: a log replayed at another temperature", (LG + "replay_refuses_a_log_that_does_not_fit_in_one_line",)),
 ]
 
 

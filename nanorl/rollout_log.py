@@ -60,12 +60,14 @@ class Flags:  # rl.py's flags of the rollout log
 
 def facts(cfg, run, world):
     """What a replay must share with the logged run: under another group size or prompts per step
-    its rows would be regrouped, under another rank count split otherwise, and another task,
-    tokenizer or model shape reads them as something else."""
+    its rows would be regrouped, under another rank count split otherwise, another task, tokenizer
+    or model shape reads them as something else, and at another temperature its log-probs (mu,
+    pi_old) are of another policy."""
     shape = {k: v for k, v in asdict(run.model.config).items()
              if k not in ("dropout", "scalar_head")}  # PPO's value head reads the same rows
     return {"group_size": cfg.group_size, "prompts_per_step": cfg.prompts_per_step, "ranks": world,
-            "task": run.task.settings(), "tokenizer": run.task.tok.to_dict(), "model": shape}
+            "temperature": cfg.temperature, "task": run.task.settings(),
+            "tokenizer": run.task.tok.to_dict(), "model": shape}
 
 
 def replay(cfg, algo, run, world, rank, train):
@@ -205,10 +207,10 @@ class Replay:
     def check(self, file, d, cfg, algo):
         """One line for the first fact the logged run does not share with this one, or a column
         this row reads that the logged row's sampling did not compute."""
-        for key, want in self.facts.items():
-            if d["facts"][key] != want:
-                raise UserError(f"--replay: {file} was logged with {key} {d['facts'][key]!r}; "
-                                f"this run has {want!r}")
+        for key, want in self.facts.items():  # a fact an older log lacks: None
+            if d["facts"].get(key) != want:
+                raise UserError(f"--replay: {file} was logged with {key} "
+                                f"{d['facts'].get(key)!r}; this run has {want!r}")
         logged = losses.ALGOS[d["loss"]].advantage if d["loss"] in losses.ALGOS else None
         if algo.advantage in COLUMNS and logged != algo.advantage:
             raise UserError(f"--replay: {cfg.loss} reads {COLUMNS[algo.advantage]}, which its "

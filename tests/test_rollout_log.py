@@ -186,8 +186,8 @@ def test_the_page_embeds_the_log_verbatim_and_marks_surprises_by_the_terminals_r
 
 
 def test_replay_refuses_a_log_that_does_not_fit_in_one_line(sft_ckpt, guess_ckpt, tmp_path, varied_reward):  # noqa: F811
-    """Another group size (the rows regrouped), prompts per step, task, tokenizer, rank count or model
-    shape, a log not of every step, and a row that reads a column its own sampling computes (CLIFF, ReMax,
+    """Another group size (the rows regrouped), prompts per step, temperature (mu and pi_old of another
+    policy), task, tokenizer, rank count or model shape, a log not of every step, and a row that reads a column its own sampling computes (CLIFF, ReMax,
     VinePPO, GiGPO on a GRPO log): one line each, naming it."""
     cfg = dict(TINY_RL, sft_ckpt=sft_ckpt, max_iters=2, eval_interval=100, eval_samples=0, dynamic_sampling=False)
     rl.main(rl.Config(out_dir=str(tmp_path / "run"), **cfg, **EVERY))
@@ -198,6 +198,7 @@ def test_replay_refuses_a_log_that_does_not_fit_in_one_line(sft_ckpt, guess_ckpt
             rl.main(rl.Config(**{**cfg, "out_dir": str(tmp_path / "again"), "replay": str(logs), **kw}))
     replay(r"step_000001.pt was logged with group_size 4; this run has 2", group_size=2)
     replay(r"was logged with prompts_per_step 4; this run has 8", prompts_per_step=8)
+    replay(r"was logged with temperature 1.0; this run has 0.5", temperature=0.5)
     replay(r"was logged with task \{'task': 'mul'.*; this run has \{'task': 'env:guess'", sft_ckpt=guess_ckpt)
     first = torch.load(logs / "step_000001.pt", weights_only=True)
     for key, other in (("tokenizer", {"kind": "char", "chars": "0123"}), ("ranks", 2),
