@@ -177,7 +177,7 @@ def collect(cfg, algo, run, gen):
 def advantages(cfg, algo, hp, batch, ref_lp):
     """The row's kind's (N,) or (N, L) advantages (ADVANTAGES), its objective's inputs."""
     R = batch.reward  # (N,) a token kind spreads beta's k1 over the tokens itself
-    if algo.kl == "reward" and hp["beta"] and algo.advantage not in TOKEN_KINDS:
+    if algo.kl == "reward" and hp["beta"] and algo.advantage not in (*TOKEN_KINDS, "signed"):
         R = losses.kl_in_reward(R, batch.old_logp, ref_lp, batch.mask, hp["beta"]).sum(1)
     return ADVANTAGES[algo.advantage](cfg, algo, hp, batch, R, ref_lp)
 
@@ -239,10 +239,15 @@ def token_kind(cfg, algo, hp, batch, R, ref_lp):
 
 
 def signed_kind(cfg, algo, hp, batch, R, ref_lp):
-    """(N, L) NSR's and W-REINFORCE's: no baseline, each turn's reward and the outcome."""
+    """(N, L) NSR's and W-REINFORCE's: no baseline, each turn's reward and the outcome; beta's
+    in-reward KL per token, -beta k1 summed from the token on (REINFORCE++'s return-to-go)."""
     turn_rewards, m = batch.turn_rewards, batch.mask  # the outcome: R without the turns'
     outcome = R if turn_rewards is None else R - turn_rewards.sum(1)
-    return losses.signed_advantages(outcome, turn_rewards, m, hp["pos_weight"]), {}
+    adv = losses.signed_advantages(outcome, turn_rewards, m, hp["pos_weight"])
+    if hp["beta"]:
+        kl = losses.kl_in_reward(torch.zeros_like(R), batch.old_logp, ref_lp, m, hp["beta"])
+        adv = adv + losses.gae(kl, torch.zeros_like(kl), m, 1.0, 1.0)[0]  # (N, L)
+    return adv, {}
 
 
 TOKEN_KINDS = ("gae", "rpp", "rpp_baseline", *turns.KINDS)  # (N, L), their KL per token

@@ -959,6 +959,10 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "check: pass@k with k = G passes", (X + "pass_at_k_with_a_group_no_larger_than_k_is_refused_at_the_check",)),
     (LOG, '"temperature": cfg.temperature, "task": run.task.settings(),', '"task": run.task.settings(),',
      "replay: a log replayed at another temperature", (LG + "replay_refuses_a_log_that_does_not_fit_in_one_line",)),
+    (RL, 'algo.advantage not in (*TOKEN_KINDS, "signed"):', "algo.advantage not in TOKEN_KINDS:",
+     "signed: the in-reward KL taken twice, once a sequence", (X + "signed_rows_take_the_kl_once_and_per_token_by_hand",)),
+    (RL, "adv = adv + losses.gae(kl, torch.zeros_like(kl), m, 1.0, 1.0)[0]  # (N, L)", "adv = adv + kl",
+     "signed: the KL its own token's, not its return-to-go", (X + "signed_rows_take_the_kl_once_and_per_token_by_hand",)),
 ]
 
 

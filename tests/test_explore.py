@@ -145,8 +145,22 @@ def test_signed_kind_reads_the_outcome_without_the_turn_rewards():
                         mask=torch.tensor([[1, 0, 1, 1, 0]]))
     b.turn_rewards = torch.tensor([[0.3, 0, 0, -1.0, 0]])
     R = torch.tensor([1.0 + 0.3 - 1.0])
-    adv, _ = rl.ADVANTAGES["signed"](None, L.ALGOS["w_reinforce"], {"pos_weight": 0.1}, b, R, None)
+    adv, _ = rl.ADVANTAGES["signed"](None, L.ALGOS["w_reinforce"], L.resolve_hparams("w_reinforce"), b, R, None)
     torch.testing.assert_close(adv, torch.tensor([[0.13, 0, 0, -0.0, 0]]))
+
+def test_signed_rows_take_the_kl_once_and_per_token_by_hand():
+    """beta 0.5, k1 = logp - ref = [0.5, -1, _, 0] on the policy's tokens (position 2 is the
+    environment's): rewards -beta k1 = [-0.25, 0.5, _, 0], their return-to-go [0.25, 0.5, 0, 0];
+    the lost game's c = -1 on every policy token. Not once per sequence, nor at twice beta."""
+    b = rl.rows.Rollout(ids=torch.zeros(1, 5, dtype=torch.long), offsets=torch.zeros(1), mu=None,
+                        mask=torch.tensor([[1, 1, 0, 1]]))
+    b.reward, b.old_logp = torch.tensor([0.0]), torch.tensor([[-1.0, -2.0, 0.0, -0.5]])
+    ref = torch.tensor([[-1.5, -1.0, 0.0, -0.5]])
+    for name in ("nsr", "w_reinforce"):
+        hp = L.resolve_hparams(name, beta=0.5)
+        adv, _ = rl.advantages(rl.Config(loss=name), L.ALGOS[name], hp, b, ref)
+        torch.testing.assert_close(adv, torch.tensor([[-0.75, -0.5, 0.0, -1.0]]))
+
 
 # ---------------------------------------------------------------- the count bonus, the schedule
 
