@@ -963,6 +963,11 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "signed: the in-reward KL taken twice, once a sequence", (X + "signed_rows_take_the_kl_once_and_per_token_by_hand",)),
     (RL, "adv = adv + losses.gae(kl, torch.zeros_like(kl), m, 1.0, 1.0)[0]  # (N, L)", "adv = adv + kl",
      "signed: the KL its own token's, not its return-to-go", (X + "signed_rows_take_the_kl_once_and_per_token_by_hand",)),
+    ("envs/guess.py", "        if self.won:\n            return 1\n", "",
+     "guess: a game won on its last turn counts as lost", (X + "a_slack_state_is_not_critical_and_a_win_on_the_last_turn_is_kept",)),
+    ("envs/guess.py", "return inside + (HI - LO + 1 - left if left <= m else 0)", "return inside",
+     "guess: a slack state's outside guesses not counted", (X + "a_slack_state_is_not_critical_and_a_win_on_the_last_turn_is_kept",
+                                                            X + "winning_moves_are_the_moves_exhaustive_search_allows")),
 ]
 
 

@@ -16,7 +16,8 @@ share of the possible numbers it ruled out, log2(before / after) / log2(100): a 
 turns sum to 1, and the win adds 1.
 
 The game has an exact optimum, so every state has an oracle: [lo, hi] with t turns left is
-winnable iff hi - lo + 1 <= 2^t - 1, and winning_moves() counts the guesses that keep it so.
+winnable iff hi - lo + 1 <= 2^t - 1, and winning_moves() counts the guesses that keep it so
+(where the numbers left fit one turn fewer, a guess outside them too).
 oracle_reward (a control: it tells the policy the answer) pays +1 for a turn that keeps the game
 winnable and -1 for the turn that loses it, 0 once lost.
 
@@ -70,16 +71,19 @@ class Env:
         return 1.0 if self.winning_moves() > 0 else -1.0
 
     def winning_moves(self):
-        """The guesses that keep a win within the turns left (0: no play wins from here; a won
-        game: 1). Each side of a guess g must fit in the turns after it: g - lo and hi - g
-        <= 2^(t-1) - 1, so the count is that of [max(lo, hi - m), min(hi, lo + m)]."""
+        """The guesses in LO..HI that keep a win within the turns left (0: no play wins from here;
+        a won game: 1). A guess g in [lo, hi] splits it, and each side must fit the turns after it:
+        g - lo and hi - g <= m = 2^(t-1) - 1, so those are [max(lo, hi - m), min(hi, lo + m)]. A
+        guess outside [lo, hi] spends the turn and keeps every number: it wins where they fit m."""
         if self.won:
             return 1
         t = TURNS - self.turns
         if t <= 0:
             return 0
         m = 2 ** (t - 1) - 1
-        return max(0, min(self.hi, self.lo + m) - max(self.lo, self.hi - m) + 1)
+        inside = max(0, min(self.hi, self.lo + m) - max(self.lo, self.hi - m) + 1)
+        left = self.hi - self.lo + 1  # the numbers still possible
+        return inside + (HI - LO + 1 - left if left <= m else 0)
 
     def score(self, final):
         return 1.0 if self.won else 0.0

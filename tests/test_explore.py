@@ -44,13 +44,29 @@ def test_winning_moves_by_hand():
     assert game.winning_moves() == 1  # a won game stays winnable
 
 
-@pytest.mark.parametrize("lo,hi,t", [(1, 7, 3), (1, 8, 3), (3, 12, 4), (5, 5, 1), (2, 9, 3), (1, 15, 4)])
+@pytest.mark.parametrize("lo,hi,t", [(1, 7, 3), (1, 8, 3), (3, 12, 4), (5, 5, 1), (2, 9, 3), (1, 15, 4),
+                                     (50, 51, 3), (40, 45, 4), (99, 100, 2), (3, 5, 2)])
 def test_winning_moves_are_the_moves_exhaustive_search_allows(lo, hi, t):
+    """Every guess of 1..100: one inside [lo, hi] splits it, one outside spends the turn and keeps
+    it, which a state with slack (its numbers fit one turn fewer) can afford."""
     game = guess.Env(str(lo))
     game.lo, game.hi, game.turns = lo, hi, guess.TURNS - t
     allowed = sum(brute_winnable(lo, g - 1, t - 1) and brute_winnable(g + 1, hi, t - 1)
-                  for g in range(lo, hi + 1))
+                  if lo <= g <= hi else brute_winnable(lo, hi, t - 1)
+                  for g in range(guess.LO, guess.HI + 1))
     assert game.winning_moves() == allowed
+
+
+def test_a_slack_state_is_not_critical_and_a_win_on_the_last_turn_is_kept():
+    """[50, 51] with 3 turns: both inside guesses win, and so do the 98 outside (2 numbers fit 2
+    turns), so the state is not critical. Secret 37 won on the 7th turn (50 25 38 31 34 36 37): every
+    move kept the game winnable, the last one too (+1 each; a won game stays at 1 move)."""
+    game = guess.Env("50")
+    game.lo, game.hi, game.turns = 50, 51, guess.TURNS - 3
+    assert game.winning_moves() == 100
+    last = guess.Env("37", oracle_reward=True)
+    assert [last.step(g)[1] for g in "50 25 38 31 34 36 37".split()] == [1.0] * 7
+    assert last.won and last.turns == 7 and last.winning_moves() == 1
 
 
 def test_oracle_reward_by_hand():
