@@ -968,6 +968,10 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     ("envs/guess.py", "return inside + (HI - LO + 1 - left if left <= m else 0)", "return inside",
      "guess: a slack state's outside guesses not counted", (X + "a_slack_state_is_not_critical_and_a_win_on_the_last_turn_is_kept",
                                                             X + "winning_moves_are_the_moves_exhaustive_search_allows")),
+    ("tests/conftest.py", "if (marked or pid in ours) and not tracker:", "if marked and not tracker:",
+     "guard: a child forked without exec goes unseen", ("tests/test_guard.py",)),
+    ("tests/conftest.py", "(pgrp == group or descends(pid))", "descends(pid)",
+     "guard: an orphan in the session's process group goes unseen", ("tests/test_guard.py",)),
 ]
 
 

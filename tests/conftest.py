@@ -1,9 +1,12 @@
 """The suite's own check: no test leaves a process behind.
 
 Each test runs with NANORL_TEST set to this session's pid and its node id, which every process it
-starts inherits (rl.py, a spawned sampler, torchrun's ranks, a browser). At the end of the session,
-any live process that carries this session's mark fails the run, named with the test that started
-it, and is killed. (A session a test starts, as bench/gpu_check.py's, checks only its own marks.)
+execs inherits (rl.py, a spawned sampler, torchrun's ranks, a browser). A process forked without
+exec keeps the environment of its exec, which lacks the mark: it is found by its parent chain
+(pytest's descendants) or its process group (pytest's, a grandchild whose parent died), and
+named with the test after which it was first seen. At the end of the session, any live process
+found either way fails the run, named with its test, and is killed. (A session a test starts, as
+bench/gpu_check.py's, checks only its own.)
 """
 import os
 import signal
@@ -13,22 +16,61 @@ import time
 import pytest
 
 MARK = "NANORL_TEST"
-GRACE_S = 60  # a stopped run's processes may still be exiting
+GRACE_S = float(os.environ.get("NANORL_TEST_GRACE_S", 60))  # a stopped run's may still be exiting
+
+
+def processes():
+    """{pid: (state, parent pid, process group)} of every process this user may read."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                state, ppid, pgrp = f.read().rsplit(")", 1)[1].split()[:3]
+        except OSError:  # gone meanwhile
+            continue
+        out[int(pid)] = state, int(ppid), int(pgrp)
+    return out
+
+
+BEFORE = set(processes()) if os.path.isdir("/proc") else set()  # the session's start: its
+# shell, make, a tee beside it share its process group and are not its doing
+FORKED = {}  # pid -> the test after which it was first seen, unmarked
+
+
+def forked(table):
+    """The live pids of table that this session forked: its descendants and the members of its
+    process group that were not there when it began, itself aside."""
+    me, group = os.getpid(), os.getpgrp()
+
+    def descends(pid):
+        seen = set()
+        while pid > 1 and pid not in seen:
+            seen.add(pid)
+            pid = table[pid][1] if pid in table else 0
+            if pid == me:
+                return True
+        return False
+    return {pid for pid, (state, _, pgrp) in table.items()
+            if pid != me and pid not in BEFORE and state != "Z" and (pgrp == group or descends(pid))}
 
 
 @pytest.fixture(autouse=True)
 def mark_processes(request, monkeypatch):
     monkeypatch.setenv(MARK, f"{os.getpid()} {request.node.nodeid}")
+    yield
+    if os.path.isdir("/proc"):
+        for pid in forked(processes()):
+            FORKED.setdefault(pid, request.node.nodeid)
 
 
 def started():
-    """{pid: (the test that started it, its command line)} of the live marked processes, but
-    multiprocessing's resource tracker of this process (it ends with the session)."""
-    found = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    """{pid: (the test that started it, its command line)} of the live processes that carry this
+    session's mark or that it forked, but multiprocessing's resource tracker of this process (it
+    ends with the session)."""
+    table, found = processes(), {}
+    ours = forked(table)
+    for pid, (state, ppid, _) in table.items():
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                state, ppid = f.read().rsplit(")", 1)[1].split()[:2]
             with open(f"/proc/{pid}/environ", "rb") as f:
                 env = f.read().split(b"\0")
             with open(f"/proc/{pid}/cmdline", "rb") as f:
@@ -38,9 +80,10 @@ def started():
         mark = next((e.split(b"=", 1)[1].decode() for e in env
                      if e.startswith(MARK.encode() + b"=")), " ")
         session, test = mark.split(" ", 1)
-        tracker = "resource_tracker" in cmd and int(ppid) == os.getpid()
-        if session == str(os.getpid()) and state != "Z" and int(pid) != os.getpid() and not tracker:
-            found[int(pid)] = (test, cmd)
+        marked = session == str(os.getpid()) and state != "Z" and pid != os.getpid()
+        tracker = "resource_tracker" in cmd and ppid == os.getpid()
+        if (marked or pid in ours) and not tracker:
+            found[pid] = (test if marked else FORKED.get(pid, "a test (forked, never exec'd)"), cmd)
     return found
 
 
