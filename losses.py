@@ -228,7 +228,9 @@ def teacher_advantages(old_logp, teacher_lp, mask, bound=10.0):
 
 def kl_estimate(logp, ref_logp, kind="k3"):
     """Per-token KL(pi || pi_ref) (Schulman 2020): k1 = -x, k2 = x^2/2, k3 = e^x - x - 1,
-    x = ref_logp - logp clamped to +-20 as in verl (e^x overflows)."""
+    x = ref_logp - logp clamped to +-20 as verl clamps it (e^x overflows). The estimate itself is
+    not clamped, as TRL's: verl's k3 (low_var_kl) is also clamped to [-10, 10], which zeroes
+    the gradient past it (logp -30, ref -27: 16.086 here and in TRL, 10.0 in verl)."""
     x = (ref_logp - logp).clamp(-20.0, 20.0)
     if kind not in ("k1", "k2", "k3"):
         raise ValueError(f"unknown KL estimator {kind!r}; valid: k1, k2, k3")
@@ -395,6 +397,7 @@ def gspo(logp, old_logp, adv, m, hp):
         raise ValueError("a sequence-ratio loss needs a per-sequence advantage (B,)")
     s = torch.exp(masked_mean(logp - old_logp, m, dim=1))  # (B,) grad s_i / |y_i| per token
     obj, low, high = clip_objective(s, adv, hp["eps_low"], hp["eps_high"], hp.get("clip_c"))
+    obj = torch.where(m.any(1), obj, 0.0)  # a row with no policy token: its s = e^0 = 1, not A
     return obj, _stats(torch.exp(logp - old_logp), m, low[:, None] & m, high[:, None] & m)
 
 
@@ -420,7 +423,8 @@ def gmpo(logp, old_logp, adv, m, hp):
     lim = d.clamp(-hp["eps_low"], hp["eps_high"])
     ell = torch.where(A > 0, torch.minimum(d, lim), torch.maximum(d, lim))  # (B, T)
     low, high = (A <= 0) & (d < -hp["eps_low"]), (A > 0) & (d > hp["eps_high"])
-    return torch.exp(masked_mean(ell, m, dim=1)) * adv, _stats(d.exp(), m, low, high)
+    obj = torch.where(m.any(1), torch.exp(masked_mean(ell, m, dim=1)) * adv, 0.0)  # (B,) as GSPO
+    return obj, _stats(d.exp(), m, low, high)
 
 
 def sapo(logp, old_logp, adv, m, hp):

@@ -318,8 +318,8 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "gmpo: clip sides swapped", LOSS),
     (LP, "ell = torch.where(A > 0, torch.minimum(d, lim), torch.maximum(d, lim))", "ell = lim",
      "gmpo: every token clamped (no sign-aware min/max)", LOSS),
-    (LP, "return torch.exp(masked_mean(ell, m, dim=1)) * adv",
-     "return torch.exp(masked_sum(ell, m, dim=1)) * adv", "gmpo: product, not geometric mean",
+    (LP, "torch.exp(masked_mean(ell, m, dim=1)) * adv, 0.0)",
+     "torch.exp(masked_sum(ell, m, dim=1)) * adv, 0.0)", "gmpo: product, not geometric mean",
      LOSS),
     (LP, 'low, high = (A <= 0) & (d < -hp["eps_low"]), (A > 0) & (d > hp["eps_high"])',
      'low, high = (A <= 0) & (d < -hp["eps_high"]), (A > 0) & (d > hp["eps_low"])',
@@ -972,6 +972,11 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "guard: a child forked without exec goes unseen", ("tests/test_guard.py",)),
     ("tests/conftest.py", "(pgrp == group or descends(pid))", "descends(pid)",
      "guard: an orphan in the session's process group goes unseen", ("tests/test_guard.py",)),
+    (LP, "    obj = torch.where(m.any(1), obj, 0.0)  # a row with no policy token", "    # a row with no policy token",
+     "gspo: a row without a policy token adds -A / B", ("tests/test_losses.py::test_a_sequence_ratio_row_without_a_policy_token_adds_nothing",)),
+    (LP, "obj = torch.where(m.any(1), torch.exp(masked_mean(ell, m, dim=1)) * adv, 0.0)",
+     "obj = torch.exp(masked_mean(ell, m, dim=1)) * adv",
+     "gmpo: a row without a policy token adds -A / B", ("tests/test_losses.py::test_a_sequence_ratio_row_without_a_policy_token_adds_nothing",)),
 ]
 
 

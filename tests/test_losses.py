@@ -304,6 +304,18 @@ def test_kl_estimate_clamps_the_log_ratio():
     assert kl_estimate(logp, ref, "k1").tolist() == pytest.approx([-20.0, 20.0, 0.5])
 
 
+def test_k3_past_verls_value_clamp_is_trls_and_the_docstring_says_so():
+    """verl clamps k3 itself to [-10, 10]; nanorl, as TRL, does not: at logp -30, ref -27 (x = 3)
+    k3 = e^3 - 4 = 16.086, and its gradient 1 - e^3 flows. The docstring names the difference."""
+    logp = torch.tensor([-30.0], requires_grad=True)
+    k3 = kl_estimate(logp, torch.tensor([-27.0]), "k3")
+    assert k3.item() == pytest.approx(math.exp(3) - 4, rel=1e-6)
+    k3.backward()
+    assert logp.grad.item() == pytest.approx(1 - math.exp(3), rel=1e-6)
+    doc = " ".join(kl_estimate.__doc__.split())
+    assert "not clamped, as TRL's" in doc and "clamped to [-10, 10]" in doc and "16.086" in doc
+
+
 def test_kl_in_reward():
     logp = torch.tensor([[-1.0, -0.5, -2.0], [-0.3, -1.2, float("-inf")]])
     ref = torch.tensor([[-1.2, -0.6, -1.9], [-0.4, -1.1, float("-inf")]])
@@ -461,6 +473,18 @@ def test_on_policy_grpo_gradient_equals_reinforce():
     call_loss("reinforce", b, b.detach(), adv / lengths, mask)[0].backward()  # weight A_i/(G*|y_i|)
     assert torch.allclose(a.grad, b.grad, atol=1e-7)
     assert torch.allclose(-a.grad, (adv / (G * lengths))[:, None] * mask, atol=1e-7)
+
+
+@pytest.mark.parametrize("name", ["gspo", "gmpo", "gapo"])
+def test_a_sequence_ratio_row_without_a_policy_token_adds_nothing(name):
+    """Row 1 has no policy token: its ratio exp(mean of nothing) = 1 would add -A / B = -0.5 to the
+    loss (TRL's gives 0.0); the gradient was never touched."""
+    logp = torch.tensor([[-1.0], [-2.0]], requires_grad=True)
+    kw = dict(group_correct=torch.tensor([1.0, 1.0]), group_size=2) if name == "gapo" else {}
+    loss, _ = call_loss(name, logp, logp.detach(), torch.tensor([0.0, 1.0]), torch.tensor([[1], [0]]), **kw)
+    assert loss.item() == 0.0
+    loss.backward()
+    assert logp.grad.abs().sum() == 0
 
 
 def test_gspo_with_one_token_responses_equals_token_clipping():
