@@ -290,7 +290,7 @@ def train(cfg, algo, run, batch, sampled, lr, gen):
             rollout_log.write(cfg, run, None, sampled, None, None)
         return mean_over_ranks(sampled)
     ref_lp, adv, inputs, lab = prepare(cfg, algo, run, batch)  # lab: the off-policy lab's
-    if cfg.log_rollouts and (run.state.step + 1) % cfg.log_every == 0:
+    if cfg.log_rollouts and (run.state.step == 0 or (run.state.step + 1) % cfg.log_every == 0):
         rollout_log.write(cfg, run, batch, sampled, adv, ref_lp)  # nanorl/rollout_log.py
     stats = {**sampled, **lab, **update(cfg, algo, run, batch, lr, gen, adv=adv,
                                         inputs=inputs, ref_lp=ref_lp)}

@@ -977,6 +977,8 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     (LP, "obj = torch.where(m.any(1), torch.exp(masked_mean(ell, m, dim=1)) * adv, 0.0)",
      "obj = torch.exp(masked_mean(ell, m, dim=1)) * adv",
      "gmpo: a row without a policy token adds -A / B", ("tests/test_losses.py::test_a_sequence_ratio_row_without_a_policy_token_adds_nothing",)),
+    (RL, "(run.state.step == 0 or (run.state.step + 1) % cfg.log_every == 0)", "((run.state.step + 1) % cfg.log_every == 0)",
+     "rollout log: a debug run shorter than log_every logs nothing", (LG + "by_default_two_groups_of_the_first_step_and_every_log_every_steps",)),
 ]
 
 

@@ -1,13 +1,14 @@
 """The rollout log, opened by --log_rollouts: a sample of each logged step's rollout as a person
 reads it and as the trainer took it, and --replay, which trains on a log instead of sampling.
 
-    python rl.py --loss=grpo                                           # 2 groups every 25 steps
+    python rl.py --loss=grpo                              # 2 groups at step 1 and every 25 steps
     python rl.py --loss=grpo --log_rollouts=-1 --log_every=1 --out_dir=out/rl-log   # every group
     python rl.py --loss=dapo --replay=out/rl-log/rollouts --out_dir=out/rl-replay   # the same data
     python -m nanorl.view out/rl-log                                   # read it (nanorl/view.py)
 
-Every --log_every-th step writes out_dir/rollouts/step_<s>.jsonl: a record per row of the first
---log_rollouts groups (negative: all) that the step trained on, after the advantages are computed,
+The first step (a debug run of a few steps shows its rollouts) and every --log_every-th step write
+out_dir/rollouts/step_<s>.jsonl: a record per row of the first --log_rollouts groups (negative:
+all) that the step trained on, after the advantages are computed,
 over every rank's rows in rank order (written by rank 0). A record holds step, version (the
 weights that sampled it), rank, group and row (counted over the ranks), prompt and response as the
 model reads them, reversed (its numbers are least-significant digit first), prompt_normal and
@@ -54,7 +55,7 @@ COLUMNS = {"first_wrong": "first_wrong, CLIFF's first wrong token",
 @dataclass
 class Flags:  # rl.py's flags of the rollout log
     log_rollouts: int = 2  # groups of a logged step's rollout to write (negative: all, 0: none)
-    log_every: int = 25  # log the rollout of every this many steps (1 for a short run)
+    log_every: int = 25  # log the first step's rollout and every this many steps
     replay: str = ""  # a rollout log (an out_dir/rollouts) to train on instead of sampling
 
 

@@ -71,12 +71,13 @@ def test_the_log_holds_the_rollout_and_the_advantages_the_update_took(guess_ckpt
         assert any(t["role"] == "env" for rec in recs for t in rec["tokens"])
 
 
-def test_by_default_two_groups_every_log_every_steps(sft_ckpt, tmp_path, varied_reward):  # noqa: F811
-    rl.main(rl.Config(out_dir=str(tmp_path), sft_ckpt=sft_ckpt, **{**TINY_RL, "max_iters": 4}, log_every=2,
+def test_by_default_two_groups_of_the_first_step_and_every_log_every_steps(sft_ckpt, tmp_path, varied_reward):  # noqa: F811
+    """A debug run of 4 steps shows its rollouts: step 1's, then every log_every-th."""
+    rl.main(rl.Config(out_dir=str(tmp_path), sft_ckpt=sft_ckpt, **{**TINY_RL, "max_iters": 4}, log_every=3,
                       dynamic_sampling=False))
     assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == \
-        ["step_000002.jsonl", "step_000002.pt", "step_000004.jsonl", "step_000004.pt"]
-    recs, pt = logged(tmp_path, 4)
+        ["step_000001.jsonl", "step_000001.pt", "step_000003.jsonl", "step_000003.pt"]
+    recs, pt = logged(tmp_path, 3)
     assert len(recs) == 2 * 4 and not pt["whole"] and len(pt["ranks"][0]["batch"]["ids"]) == 8  # of 4 groups of 4
 
 
@@ -209,7 +210,8 @@ def test_replay_refuses_a_log_that_does_not_fit_in_one_line(sft_ckpt, guess_ckpt
     for loss, column in (("cliff", "first_wrong"), ("remax", "baseline"), ("vineppo", "values"), ("gigpo", "states")):
         replay(f"--replay: {loss} reads {column}, .* which its own sampling computes; .* is a grpo run's", loss=loss)
     rl.main(rl.Config(out_dir=str(tmp_path / "every2"), **{**cfg, "max_iters": 4}, log_rollouts=-1, log_every=2))
-    replay("has no step 1: replay needs the log of every step", replay=str(tmp_path / "every2" / "rollouts"))
+    replay("has no step 3: replay needs the log of every step", replay=str(tmp_path / "every2" / "rollouts"),
+           max_iters=4)
 
 
 def test_torchrun_logs_every_ranks_rows_and_replays_each_rank_its_own(sft_ckpt, tmp_path):  # noqa: F811
