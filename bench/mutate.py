@@ -739,8 +739,8 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
     (LP, "a = r[:, :-1] + v[:, 1:] - v[:, :-1]", "a = r[:, :-1] + v[:, :-1] - v[:, :-1]",
      "vine_advantages: V(s_k) in place of V(s_k+1)", (TT + "vine_advantage_of_a_three_turn_episode_by_hand",)),
     # issue 51: data
-    (PF, "picked = (score.flatten() == 1).nonzero().flatten().tolist()",
-     "picked = score.flatten().nonzero().flatten().tolist()",
+    (PF, "picked = (batch.score == 1).nonzero().flatten().tolist()",
+     "picked = batch.score.nonzero().flatten().tolist()",
      "rollout_rows: rft keeps partial credit (a 0.5) as verified-correct",
      ("tests/test_pref.py::test_rft_keeps_only_the_samples_that_score_1",)),
     ("sft.py", "cfg = replace(cfg, reverse=cfg.task in TASKS)", "cfg = replace(cfg, reverse=True)",
@@ -979,6 +979,8 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "gmpo: a row without a policy token adds -A / B", ("tests/test_losses.py::test_a_sequence_ratio_row_without_a_policy_token_adds_nothing",)),
     (RL, "(run.state.step == 0 or (run.state.step + 1) % cfg.log_every == 0)", "((run.state.step + 1) % cfg.log_every == 0)",
      "rollout log: a debug run shorter than log_every logs nothing", (LG + "by_default_two_groups_of_the_first_step_and_every_log_every_steps",)),
+    (PF, "ret = batch.episode_return().view(-1, G).cpu()", "ret = batch.score.view(-1, G).cpu()",
+     "online pairs: ranked by score, not the return dynamic sampling keeps", (PREF[0] + "::test_online_pairs_rank_by_the_return_dynamic_sampling_tests",)),
 ]
 
 

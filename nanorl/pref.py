@@ -146,14 +146,15 @@ def step(cfg, algo, run, batch, lr):
 def rollout_rows(batch, algo, G):
     """A rollout -> (rows, labels): rft keeps the verified-correct samples (a score of 1, as
     accuracy counts it: partial credit is not correct); a pair row takes each group's best and
-    worst sample (dynamic sampling kept only groups whose scores differ): chosen rows, then
-    rejected rows, and KTO's labels mark the chosen half desirable."""
-    score = batch.score.view(-1, G).cpu()  # (groups, G)
+    worst sample by episode return, the score plus an environment's turn rewards (what dynamic
+    sampling tests: it kept only groups whose returns differ): chosen rows, then rejected rows,
+    and KTO's labels mark the chosen half desirable."""
     if algo.data == "samples":
-        picked = (score.flatten() == 1).nonzero().flatten().tolist()
+        picked = (batch.score == 1).nonzero().flatten().tolist()
     else:
-        first = torch.arange(score.size(0)) * G  # (groups,) each group's first row
-        picked = (first + score.argmax(1)).tolist() + (first + score.argmin(1)).tolist()
+        ret = batch.episode_return().view(-1, G).cpu()  # (groups, G)
+        first = torch.arange(ret.size(0)) * G  # (groups,) each group's first row
+        picked = (first + ret.argmax(1)).tolist() + (first + ret.argmin(1)).tolist()
     resp, P = responses(batch), batch.ids.size(1) - batch.mask.size(1)
     rows = [(batch.ids[r, int(batch.offsets[r]):P].tolist(), resp[r],
              batch.mask[r, :len(resp[r])].tolist())

@@ -203,6 +203,18 @@ def test_rft_keeps_only_the_samples_that_score_1():
     assert labels.tolist() == [True, True, False, False]
 
 
+def test_online_pairs_rank_by_the_return_dynamic_sampling_tests():
+    """An environment's turn rewards join the score in the episode return that dynamic sampling
+    keeps groups by; the pairs rank by it too. Group 0 (scores 0 0 1, returns 0.5 0.1 1.0): chosen
+    row 2, rejected row 1 (by score alone: row 0). Group 1 lost every game (scores 0 0 0, returns
+    0.3 0.1 0.2): a signal to dynamic sampling, and a pair of rows 3 and 4 (by score: row 3 twice)."""
+    batch = scored_rollout([0.0, 0.0, 1.0, 0.0, 0.0, 0.0])
+    batch.turn_rewards = torch.tensor([[0.5, 0], [0.1, 0], [0, 0], [0.3, 0], [0.1, 0], [0.2, 0]])
+    rows, labels = pref.rollout_rows(batch, L.ALGOS["dpo"], 3)
+    assert [p for p, _, _ in rows] == [[12], [13], [11], [14]]  # chosen 2, 3; rejected 1, 4
+    assert pref.rollout_rows(batch, L.ALGOS["rft"], 3)[0] == [([12], [2, 2], [1, 1])]  # score 1 only
+
+
 @pytest.mark.parametrize("loss, pairs", [("dpo", "offline"), ("ipo", "offline"), ("kto", "offline"),
                                          ("dpo", "online"), ("kto", "online")])
 def test_preference_losses_run_and_log(sft_ckpt, tmp_path, monkeypatch, loss, pairs):  # noqa: F811
