@@ -26,7 +26,7 @@ from nanorl import (asyncrl, cliff, cov, distill, explore, loop, offpolicy, pref
                     rm, rollout_log, rows, turns)
 from nanorl.config import UserError, check_bounds, run_cli
 from nanorl.ddp import all_reduce, bf16_default, mean_over_ranks, world_size
-from nanorl.evaluate import Task, evaluate_policy, load_policy
+from nanorl.evaluate import Task, evaluate_policy, load_policy, pass_k_name
 from nanorl.rm import RewardModel
 from verify import overlong_penalty
 
@@ -576,7 +576,7 @@ def main(cfg):
                                    seeded(dev, "rollout", cfg.seed, rank, run.state.step + 1))
             clock.log(stats, line(cfg, stats))
         if rank == 0:
-            clock.summary("eval/accuracy", f"eval/pass@{min(8, cfg.eval_samples)}")
+            clock.summary("eval/accuracy", "eval/" + pass_k_name(cfg.eval_samples))
     return {"metrics": run.state.last_eval, "model": run.model, "ref": run.ref}
 
 

@@ -981,6 +981,10 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "rollout log: a debug run shorter than log_every logs nothing", (LG + "by_default_two_groups_of_the_first_step_and_every_log_every_steps",)),
     (PF, "ret = batch.episode_return().view(-1, G).cpu()", "ret = batch.score.view(-1, G).cpu()",
      "online pairs: ranked by score, not the return dynamic sampling keeps", (PREF[0] + "::test_online_pairs_rank_by_the_return_dynamic_sampling_tests",)),
+    (EV, "        if not problems:\n", "        if False:\n",
+     "task_splits: an empty split reaches the eval's division", (E + "an_environment_with_an_empty_split_is_one_line",)),
+    (RL, '"eval/" + pass_k_name(cfg.eval_samples)', 'f"eval/pass@{min(8, cfg.eval_samples)}"',
+     "rl: the summary's pass@k name built by hand", ("tests/test_names.py::test_only_evaluate_names_the_pass_at_k_metric",)),
 ]
 
 

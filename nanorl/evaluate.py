@@ -138,14 +138,21 @@ class Task:
 
 def task_splits(name, rg_config=None, alphabet=None):
     """({split: [(prompt, answer)]}, an rg: task's scorer or None): reasoning-gym's, the
-    environment's, else data's. alphabet: the characters your own task may use (None: any)."""
+    environment's, else data's; an empty split is one line. alphabet: the characters your own
+    task may use (None: any)."""
+    scorer = None
     if name.startswith("rg:"):
-        return rg.splits(name[3:], rg_config or {})
-    if name.startswith("env:"):  # env:NAME:FOLDER: your JSONL, an Env's settings in a row's fields
+        splits, scorer = rg.splits(name[3:], rg_config or {})
+    elif name.startswith("env:"):  # env:NAME:FOLDER: your JSONL, an Env's settings in its rows
         folder = name.split(":", 2)[2:]
-        return {s: load_split(folder[0], s, alphabet) if folder else env_of(name).splits()[s]
-                for s in ("train", "val", "test")}, None
-    return {s: load_split(name, s, alphabet) for s in ("train", "val", "test")}, None
+        splits = {s: load_split(folder[0], s, alphabet) if folder else env_of(name).splits()[s]
+                  for s in ("train", "val", "test")}
+    else:
+        splits = {s: load_split(name, s, alphabet) for s in ("train", "val", "test")}
+    for split, problems in splits.items():  # the eval divides by each split's size
+        if not problems:
+            raise DataError(f"task {name!r}: its {split} split is empty")
+    return splits, scorer
 
 
 def env_of(task):

@@ -11,6 +11,7 @@ import os
 import random
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -19,10 +20,12 @@ from hypothesis import given, settings, strategies as st
 import losses as L
 import rl
 import sft
+from data.tasks import DataError
 from envs import guess
 from model import GPT, GPTConfig, generate, logprobs
 from nanorl.episodes import Episodes, demo_rows, play_demo
 from bench.guess import binary_search
+from nanorl import evaluate
 from nanorl.evaluate import Task, env_of, task_alphabet
 from tests.test_rl import make_run
 from tests.test_tools import assert_no_leak, end, with_turn_credit
@@ -102,6 +105,16 @@ def test_process_reward_is_the_share_of_the_interval_ruled_out():
     want = [math.log2(100 / 49), 0, 0, math.log2(49 / 24), math.log2(24 / 1)]
     assert rewards == pytest.approx([w / math.log2(100) for w in want])
     assert sum(rewards) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("empty", ["train", "val", "test"])
+def test_an_environment_with_an_empty_split_is_one_line(monkeypatch, empty):
+    """An env: task whose splits() gives an empty split stops where its splits load, naming it,
+    not at the first eval (a division by its size 0)."""
+    splits = {s: [] if s == empty else guess.splits(4)[s] for s in ("train", "val", "test")}
+    monkeypatch.setattr(evaluate, "env_of", lambda name: SimpleNamespace(splits=lambda: splits))
+    with pytest.raises(DataError, match=rf"^task 'env:empty': its {empty} split is empty$"):
+        evaluate.task_splits("env:empty")
 
 
 def test_binary_search_is_the_limit():
@@ -221,7 +234,6 @@ class Finals:
 
 def test_an_unfinished_episode_is_scored_with_none():
     """final None: the policy never ended with EOS; "": it ended with nothing after the last answer."""
-    from types import SimpleNamespace
     env = Episodes(SimpleNamespace(Env=Finals), [("1-100:", "1"), ("1-100:", "2")], 1, TOK, False, {})
     assert (env.score(0, None), env.score(1, "")) == (0.5, 1.0)
 

@@ -108,3 +108,12 @@ def test_the_glossary_names_each_word_once():
                        re.M)[1:]  # the header's "word" left out
     assert len(words) == len(set(words))
     assert {"step", "update", "sample", "turn", "version"} <= set(words)
+
+
+def test_only_evaluate_names_the_pass_at_k_metric():
+    """evaluate.pass_k_name is the one source of the metric's name (pass@k, or pass@n with fewer
+    samples): no other code builds "pass@" in an f-string."""
+    found = [f"{path}:{node.lineno}" for path, tree in CODE.items() if path != "nanorl/evaluate.py"
+             for node in ast.walk(tree) if isinstance(node, ast.JoinedStr)
+             and any(isinstance(v, ast.Constant) and "pass@" in str(v.value) for v in node.values)]
+    assert not found, found
