@@ -989,7 +989,8 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
 
 
 def copy_repo(dst):
-    """What the tests need, into dst: top-level .py files, pytest.ini, README.md and FOLDERS."""
+    """What the tests need, into dst, as a git repository: top-level .py files, pytest.ini,
+    README.md and FOLDERS."""
     for name in os.listdir(ROOT):
         if name.endswith(".py") or name in ("pytest.ini", "README.md"):
             shutil.copy2(os.path.join(ROOT, name), dst)
@@ -997,6 +998,8 @@ def copy_repo(dst):
     for folder in FOLDERS:
         if os.path.isdir(os.path.join(ROOT, folder)):
             shutil.copytree(os.path.join(ROOT, folder), os.path.join(dst, folder), ignore=skip)
+    # the tests that read the code walk what git tracks (tests/test_names.py): the copy is a repo
+    subprocess.run("git init -q && git add -A", shell=True, cwd=dst, check=True)
 
 
 def run_tests(dst, tests):

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_names import tracked
 from tests.test_rl import TINY_RL, sft_ckpt  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,11 +39,12 @@ def guide_diff(section, end):
 
 
 def patched_copy(tmp_path, section, end):
-    """A copy of the repo (no tests, bench, docs, data files) with the guide's diff applied."""
+    """A copy of the files git tracks (no tests, bench, docs) with the guide's diff applied."""
     repo = tmp_path / "repo"
-    skip = shutil.ignore_patterns("__pycache__", "*.txt", "*.jsonl", "done", "pairs_done")
-    shutil.copytree(ROOT, repo, ignore=lambda d, names: [n for n in names if n in (
-        ".git", "out", "tests", "bench", "docs", "wandb")] + list(skip(d, names)))
+    for name in tracked(""):  # never a virtualenv, out/ or generated data in the checkout
+        if not name.startswith(("tests/", "bench/", "docs/")):
+            (repo / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, repo / name)
     (repo / "guide.diff").write_text(guide_diff(section, end))
     subprocess.run(["git", "apply", "--recount", "guide.diff"], cwd=repo, check=True)
     return repo
