@@ -152,7 +152,8 @@ def test_a_dead_rank_makes_the_other_exit_clearly(sft_ckpt, tmp_path):  # noqa: 
     assert procs[0].returncode == 1 and time.time() - t0 < 120
     lines = err0.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: rank 0: another rank died"), err0
-    assert set(os.listdir(tmp_path)) <= {"best.pt", "ckpt.pt", "metrics.jsonl"}  # rank 0's files, no temp left
+    assert set(os.listdir(tmp_path)) <= {"best.pt", "ckpt.pt", "metrics.jsonl", "rollouts"}  # rank 0's files
+    assert set(os.listdir(tmp_path / "rollouts")) <= {"step_000001.jsonl", "step_000001.pt"}  # no temp left
     assert "step     1/5" in out0 and "step     2/5" not in out0
 
 

@@ -164,11 +164,13 @@ def test_with_wandb_the_sample_is_a_table_offline(sft_ckpt, tmp_path, monkeypatc
     rl.main(rl.Config(out_dir=str(tmp_path / "run"), sft_ckpt=sft_ckpt, wandb=True, log_every=2,
                       dynamic_sampling=False, **TINY_RL))
     tables = list((tmp_path / "run" / "wandb").glob("offline-run-*/files/media/table/rollouts_*.table.json"))
-    assert len(tables) == 1
-    t = json.loads(tables[0].read_text())
-    assert t["columns"][:5] == ["step", "version", "group", "prompt", "response"] and len(t["data"]) == 2 * 4
-    recs, _ = logged(tmp_path / "run", 2)
-    assert [row[4] for row in t["data"]] == [r["response"] for r in recs]
+    assert len(tables) == 2  # steps 1 and 2
+    data = {json.loads(t.read_text())["data"][0][0]: json.loads(t.read_text()) for t in tables}  # step: table
+    assert sorted(data) == [1, 2]
+    for step, t in data.items():
+        assert t["columns"][:5] == ["step", "version", "group", "prompt", "response"] and len(t["data"]) == 2 * 4
+        recs, _ = logged(tmp_path / "run", step)
+        assert [row[4] for row in t["data"]] == [r["response"] for r in recs]
 
 
 def test_the_page_embeds_the_log_verbatim_and_marks_surprises_by_the_terminals_rule():
