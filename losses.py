@@ -1,6 +1,7 @@
 """Every loss (preference and reward-model ones too), advantage, KL estimator, rollout weight and
-token selection as a pure tensor function, and ALGOS: a row per `rl.py --loss=NAME` holding every
-fact of it; the loop reads its columns, never its name. A loss is minimised: (loss, stats).
+token selection as a pure tensor function, and ALGOS: an entry per `rl.py --loss=NAME`, an
+algorithm, holding every fact of it; the loop reads its columns, never its name. An objective is
+maximised; its loss, minimised, is algo_loss's: (loss, stats).
 
 - Tensors are aligned to the response (position 0: its first token), right-padded.
   logp / old_logp / ref_logp (B, T): log-probs of the sampled tokens under the policy
@@ -17,7 +18,7 @@ from typing import Callable, Optional
 import torch
 import torch.nn.functional as F
 
-# -------------------------------------------------------------- reductions, log-probs
+# -------------------------------------------------------------- reductions, entropy, normalisers
 
 
 def masked_sum(x, mask, dim=None):
@@ -56,6 +57,13 @@ def aggregate(x, mask, agg, n_tokens=None, n_seqs=None, max_len=None):
     if agg == "seq-mean-token-sum-norm":
         return masked_sum(x, mask) / (n_seqs * (max_len or mask.shape[1]))
     raise ValueError(f"unknown aggregation {agg!r}")
+
+def add_stats(stats, part, w):
+    """A micro-batch's stats into its minibatch's, weighted by w (its share of the tokens); a
+    maximum stays the largest."""
+    for k, v in part.items():
+        top = k in ("ratio_max", "logp_mismatch")
+        stats[k] = max(stats.get(k, -1e30), float(v)) if top else stats.get(k, 0.0) + float(v) * w
 
 # -------------------------------------------------------------- advantages, KL
 
@@ -243,13 +251,13 @@ def last_token(mask):
 
 
 @torch.no_grad()
-def kl_in_reward(score, logp, ref_logp, mask, beta):
-    """(B, T) token rewards: -beta k1 on every masked token, the (B,) score on the last one:
+def kl_in_reward(reward, logp, ref_logp, mask, beta):
+    """(B, T) token rewards: -beta k1 on every masked token, the (B,) reward on the last one:
     maximising their sum maximises E[R] - beta KL (PPO, REINFORCE++)."""
     m = mask.bool()
     rewards = torch.where(m, -beta * kl_estimate(logp, ref_logp, "k1"), 0.0)  # (B, T)
     rows = torch.arange(m.shape[0], device=m.device)
-    rewards[rows, last_token(m)] += torch.where(m.any(1), score.to(rewards.dtype), 0.0)
+    rewards[rows, last_token(m)] += torch.where(m.any(1), reward.to(rewards.dtype), 0.0)
     return rewards
 
 
@@ -343,16 +351,20 @@ def cov_select(logp, old_logp, adv, mask, generator=None, *, kind, **hp):
 
 # -------------------------------------------------------------- objectives
 # (logp, old_logp, adv, m, hp, **inputs), padding zeroed, constants detached -> (objective to
-# maximise, (B, T) or (B,), stats); `loss` adds the KL and aggregates.
+# maximise, (B, T) or (B,), stats); algo_loss adds the KL and aggregates.
 
 
 @torch.no_grad()
 def _stats(ratio, m, low=None, high=None):
-    """0-d ratio mean / max and the fractions of tokens clipped low / high (None: none)."""
-    no = torch.zeros_like(m)
-    return dict(clipfrac_low=masked_mean((no if low is None else low).float(), m),
-                clipfrac_high=masked_mean((no if high is None else high).float(), m),
-                ratio_mean=masked_mean(ratio, m), ratio_max=torch.where(m, ratio, 0.0).max())
+    """0-d ratio mean / max and the fractions of tokens clipped low / high (None: none), over the
+    masked tokens: masked_mean's sums written out, so that a loss's deepest call is this one."""
+    n, none = m.sum().clamp_min(1), torch.zeros_like(m)  # the tokens; no token clipped
+    low = none if low is None else low
+    high = none if high is None else high
+    return dict(clipfrac_low=torch.where(m, low.float(), 0.0).sum() / n,
+                clipfrac_high=torch.where(m, high.float(), 0.0).sum() / n,
+                ratio_mean=torch.where(m, ratio, 0.0).sum() / n,
+                ratio_max=torch.where(m, ratio, 0.0).max())
 
 
 def _tok(adv, m):
@@ -604,7 +616,7 @@ def nll_loss(logp, mask, n_tokens=None):
 def algo_loss(algo, hp, logp, old_logp, adv, mask, ref_logp=None, n_tokens=None, n_seqs=None,
               **inputs):
     """A row's loss with its resolved hyperparameters hp: -(objective - beta KL if its KL is in
-    the loss), aggregated as the row says."""
+    the loss), aggregated as the algorithm says."""
     m = mask.bool()
     logp, old_logp = torch.where(m, logp, 0.0), torch.where(m, old_logp.detach(), 0.0)
     obj, stats = algo.objective(logp, old_logp, adv.detach(), m, hp, **inputs)
@@ -621,7 +633,7 @@ def algo_loss(algo, hp, logp, old_logp, adv, mask, ref_logp=None, n_tokens=None,
 
 
 @dataclass(frozen=True)
-class Algo:  # a row: everything rl.py does for one --loss
+class Algo:  # an algorithm: everything rl.py does for one --loss
     objective: Callable  # per token or per sequence (pg, clip, ...), or a pair loss
     advantage: Optional[str]  # group_advantages' kind, first_wrong, gae, rpp, vine, step_group,
     # greedy, signed, pass_k, teacher
@@ -670,61 +682,83 @@ _RPO = dict(beta=0.1, rpo_alpha=1.0)  # an NLL anchor (measured: docs/results.md
 ON = dict(ratio=None, on_policy=True)  # REINFORCE-style: no ratio, one step per rollout
 SIGNED = dict(ON, flat_teaches=True)  # no group baseline: a group that lost every game teaches
 PAIRS = dict(ratio=None, on_policy=True, family="pref", data="pairs")
-ALGOS = {  # name: Algo(objective, advantage, kl, aggregation, ...)
-    "reinforce": Algo(pg, "mean", "reward", SUM, **ON, defaults=dict(beta=0.0)),
-    "rloo": Algo(pg, "rloo", "reward", SUM, **ON, defaults=dict(beta=0.0)),
-    "ppo": Algo(ppo, "gae", "reward", TOK, needs=("values",), defaults=_PPO),
-    "grpo": Algo(clip, "std", "loss", SEQ, defaults=dict(_CLIP, beta=0.04)),
-    "dr_grpo": Algo(clip, "mean", "loss", NORM, defaults=dict(_CLIP, max_new_tokens=None)),
-    "dapo": Algo(clip, "std", "loss", TOK, overlong=2, defaults=dict(_CLIP, eps_high=0.28)),
-    "gspo": Algo(gspo, "std", "loss", SEQ, ratio="sequence",
+ALGOS = {  # name: Algo(objective=, advantage=, kl=, agg=, ...), a column a keyword
+    "reinforce": Algo(objective=pg, advantage="mean", kl="reward", agg=SUM, **ON,
+                      defaults=dict(beta=0.0)),
+    "rloo": Algo(objective=pg, advantage="rloo", kl="reward", agg=SUM, **ON,
+                 defaults=dict(beta=0.0)),
+    "ppo": Algo(objective=ppo, advantage="gae", kl="reward", agg=TOK, needs=("values",),
+                defaults=_PPO),
+    "grpo": Algo(objective=clip, advantage="std", kl="loss", agg=SEQ,
+                 defaults=dict(_CLIP, beta=0.04)),
+    "dr_grpo": Algo(objective=clip, advantage="mean", kl="loss", agg=NORM,
+                    defaults=dict(_CLIP, max_new_tokens=None)),
+    "dapo": Algo(objective=clip, advantage="std", kl="loss", agg=TOK, overlong=2,
+                 defaults=dict(_CLIP, eps_high=0.28)),
+    "gspo": Algo(objective=gspo, advantage="std", kl="loss", agg=SEQ, ratio="sequence",
                  defaults=dict(_CLIP, eps_low=3e-4, eps_high=4e-4)),
-    "sapo": Algo(sapo, "std", "loss", SEQ, defaults=dict(_SOFT, tau_pos=1.0, tau_neg=1.05)),
-    "cispo": Algo(cispo, "std", "loss", TOK, defaults=dict(_SOFT, eps_max=5.0)),
-    "gapo": Algo(gapo, "mean", "loss", SEQ, needs=("group_correct",), ratio="sequence",
-                 binary=True, defaults=dict(_CLIP, eps_low=0.003, eps_high=0.005)),
-    "pnpo": Algo(pnpo, "std", "loss", SEQ, defaults=dict(_SOFT, eps_low=7e-4, eps_high=9.5e-4)),
-    "cliff": Algo(clip, "first_wrong", "loss", SEQ, binary=True, defaults=dict(_CLIP, beta=0.04)),
-    "gmpo": Algo(gmpo, "std", "loss", SEQ, ratio="sequence",
+    "sapo": Algo(objective=sapo, advantage="std", kl="loss", agg=SEQ,
+                 defaults=dict(_SOFT, tau_pos=1.0, tau_neg=1.05)),
+    "cispo": Algo(objective=cispo, advantage="std", kl="loss", agg=TOK,
+                  defaults=dict(_SOFT, eps_max=5.0)),
+    "gapo": Algo(objective=gapo, advantage="mean", kl="loss", agg=SEQ, needs=("group_correct",),
+                 ratio="sequence", binary=True,
+                 defaults=dict(_CLIP, eps_low=0.003, eps_high=0.005)),
+    "pnpo": Algo(objective=pnpo, advantage="std", kl="loss", agg=SEQ,
+                 defaults=dict(_SOFT, eps_low=7e-4, eps_high=9.5e-4)),
+    "cliff": Algo(objective=clip, advantage="first_wrong", kl="loss", agg=SEQ, binary=True,
+                  defaults=dict(_CLIP, beta=0.04)),
+    "gmpo": Algo(objective=gmpo, advantage="std", kl="loss", agg=SEQ, ratio="sequence",
                  defaults=dict(_SOFT, eps_low=0.4, eps_high=0.4)),
-    "dppo": Algo(dppo, "std", "loss", TOK, defaults=dict(_SOFT, delta=0.2, is_cap=20.0)),
-    "maxrl": Algo(pg, "maxrl", None, SEQ, **ON, binary=True),
-    "pass_at_k": Algo(clip, "pass_k", "loss", SEQ, binary=True, defaults=dict(_CLIP, pass_k=8)),
-    "clip_cov": Algo(clip_cov, "std", "loss", TOK, select="clip_cov",
+    "dppo": Algo(objective=dppo, advantage="std", kl="loss", agg=TOK,
+                 defaults=dict(_SOFT, delta=0.2, is_cap=20.0)),
+    "maxrl": Algo(objective=pg, advantage="maxrl", kl=None, agg=SEQ, **ON, binary=True),
+    "pass_at_k": Algo(objective=clip, advantage="pass_k", kl="loss", agg=SEQ, binary=True,
+                      defaults=dict(_CLIP, pass_k=8)),
+    "clip_cov": Algo(objective=clip_cov, advantage="std", kl="loss", agg=TOK, select="clip_cov",
                      defaults=dict(_CLIP, cov_ratio=2e-4, cov_lb=1.0, cov_ub=5.0)),
-    "kl_cov": Algo(kl_cov, "std", "loss", TOK, select="kl_cov",  # the 7B recipe
-                   defaults=dict(_SOFT, cov_ratio=2e-3, cov_kl_coef=1.0)),
-    "reinforce_pp": Algo(clip, "rpp", "reward", TOK, defaults=_RPP),
-    "reinforce_pp_baseline": Algo(clip, "rpp_baseline", "reward", TOK, defaults=_RPP),
-    "vineppo": Algo(clip, "vine", "reward", TOK,  # K branches from each turn's state, or a table
-                    defaults=dict(eps_low=0.2, eps_high=0.2, beta=1e-4, branches=4,
-                                  value_table=0.0)),  # > 0: the table's least step
-    "gigpo": Algo(clip, "step_group", "loss", TOK,  # gamma: the step returns' discount
-                  defaults=dict(_CLIP, beta=0.01, gamma=0.95, step_weight=1.0)),
-    "remax": Algo(pg, "greedy", "reward", TOK, needs=("greedy",), **ON, defaults=dict(beta=0.0)),
-    "nsr": Algo(pg, "signed", "reward", TOK, **SIGNED, defaults=dict(beta=0.0, pos_weight=0.0)),
-    "w_reinforce": Algo(pg, "signed", "reward", TOK, **SIGNED,
+    "kl_cov": Algo(objective=kl_cov, advantage="std", kl="loss", agg=TOK, select="kl_cov",
+                   defaults=dict(_SOFT, cov_ratio=2e-3, cov_kl_coef=1.0)),  # the 7B recipe
+    "reinforce_pp": Algo(objective=clip, advantage="rpp", kl="reward", agg=TOK, defaults=_RPP),
+    "reinforce_pp_baseline": Algo(objective=clip, advantage="rpp_baseline", kl="reward", agg=TOK,
+                                  defaults=_RPP),
+    "vineppo": Algo(objective=clip, advantage="vine", kl="reward", agg=TOK,  # V: K branches from
+                    defaults=dict(eps_low=0.2, eps_high=0.2, beta=1e-4, branches=4,  # a turn's
+                                  value_table=0.0)),  # state; > 0: a table, its least step
+    "gigpo": Algo(objective=clip, advantage="step_group", kl="loss", agg=TOK,  # gamma: the
+                  defaults=dict(_CLIP, beta=0.01, gamma=0.95, step_weight=1.0)),  # turns' discount
+    "remax": Algo(objective=pg, advantage="greedy", kl="reward", agg=TOK, needs=("greedy",), **ON,
+                  defaults=dict(beta=0.0)),
+    "nsr": Algo(objective=pg, advantage="signed", kl="reward", agg=TOK, **SIGNED,
+                defaults=dict(beta=0.0, pos_weight=0.0)),
+    "w_reinforce": Algo(objective=pg, advantage="signed", kl="reward", agg=TOK, **SIGNED,
                         defaults=dict(beta=0.0, pos_weight=0.1)),  # the paper's lambda
-    "opd": Algo(ratio_pg, "teacher", None, TOK, needs=("teacher",), flat_teaches=True),
-    "gkd": Algo(gkd, None, None, TOK, needs=("teacher", "teacher_logits"), ratio=None,
-                flat_teaches=True, defaults=dict(gkd_beta=1.0)),  # 1 = reverse KL
-    "dpo": Algo(dpo_loss, None, None, "pairs", needs=("ref",), **PAIRS,
+    "opd": Algo(objective=ratio_pg, advantage="teacher", kl=None, agg=TOK, needs=("teacher",),
+                flat_teaches=True),
+    "gkd": Algo(objective=gkd, advantage=None, kl=None, agg=TOK,
+                needs=("teacher", "teacher_logits"), ratio=None, flat_teaches=True,
+                defaults=dict(gkd_beta=1.0)),  # 1 = reverse KL
+    "dpo": Algo(objective=dpo_loss, advantage=None, kl=None, agg="pairs", needs=("ref",), **PAIRS,
                 defaults=dict(_RPO, kind="sigmoid", label_smoothing=0.0)),
-    "ipo": Algo(dpo_loss, None, None, "pairs", needs=("ref",), **PAIRS,
+    "ipo": Algo(objective=dpo_loss, advantage=None, kl=None, agg="pairs", needs=("ref",), **PAIRS,
                 defaults=dict(_RPO, beta=0.5, kind="ipo")),  # a 1-nat margin
-    "kto": Algo(kto_loss, None, None, "answers", needs=("ref",), **dict(PAIRS, data="labels"),
+    "kto": Algo(objective=kto_loss, advantage=None, kl=None, agg="answers", needs=("ref",),
+                **dict(PAIRS, data="labels"),
                 defaults=dict(_RPO, beta=1.0, lambda_d=1.0, lambda_u=1.0)),  # 0.1: -pass@8
-    "simpo": Algo(simpo_loss, None, None, "pairs", **PAIRS,
+    "simpo": Algo(objective=simpo_loss, advantage=None, kl=None, agg="pairs", **PAIRS,
                   defaults=dict(_RPO, beta=2.0, gamma_beta_ratio=0.25)),
-    "orpo": Algo(orpo_loss, None, None, "pairs", **PAIRS, defaults=dict(lam=0.1)),
-    "sft": Algo(nll_loss, None, None, TOK, **dict(PAIRS, family="sft", data="gold")),
-    "rft": Algo(nll_loss, None, None, TOK, **dict(PAIRS, family="sft", data="samples")),
+    "orpo": Algo(objective=orpo_loss, advantage=None, kl=None, agg="pairs", **PAIRS,
+                 defaults=dict(lam=0.1)),
+    "sft": Algo(objective=nll_loss, advantage=None, kl=None, agg=TOK,
+                **dict(PAIRS, family="sft", data="gold")),
+    "rft": Algo(objective=nll_loss, advantage=None, kl=None, agg=TOK,
+                **dict(PAIRS, family="sft", data="samples")),
 }
 DEFAULTS = {n: a.defaults for n, a in ALGOS.items()}
 KNOBS = {k: type(v) if v is not None else float for d in DEFAULTS.values() for k, v in d.items()
-         if k not in ("kind", "max_new_tokens")}  # max_new_tokens: the run's; kind: the row's
+         if k not in ("kind", "max_new_tokens")}  # max_new_tokens: the run's; kind: the algorithm's
 Knobs = make_dataclass("Knobs", [(k, Optional[t], None) for k, t in KNOBS.items()])  # rl.py --k=v
-Knobs.__module__, Knobs.help = __name__, {k: "None = the row's: " + ", ".join(
+Knobs.__module__, Knobs.help = __name__, {k: "None = the algorithm's: " + ", ".join(
     f"{n} {d[k]}" for n, d in DEFAULTS.items() if k in d) for k in KNOBS}  # rl.py --help
 
 

@@ -1,5 +1,6 @@
 """
-The GPT (nanoGPT-style, GPT-2 names), its KV cache, the sampler and the log-probs of samples.
+The GPT (nanoGPT-style, GPT-2 names), its KV cache, the sampler and the log-probs of samples,
+and its optimizer: AdamW's parameter groups (nanoGPT's configure_optimizers) and a checked step.
 
 `GPT.forward` returns logits at every position (B, T, V). Prompts are left-padded: `offsets`
 (B,) counts each row's pads, so positions restart at its first token and pad keys are masked.
@@ -231,6 +232,36 @@ class GPT(nn.Module):
         return model
 
 
+def adamw(model, lr, weight_decay, head_lr_scale=None):
+    """AdamW (betas 0.9, 0.99), weight decay only on matrices (dim >= 2), not on biases and
+    LayerNorm gains. With head_lr_scale the scalar head gets its own group at lr * it, no
+    decay: PPO's value head starts at zero and must catch up with the returns."""
+    head = set(model.score_head.parameters()) if head_lr_scale and model.score_head else set()
+    params = [p for p in model.parameters() if p.requires_grad and p not in head]
+    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    if head:
+        groups.append({"params": list(head), "weight_decay": 0.0, "lr_scale": head_lr_scale})
+    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99), fused=True)  # one kernel
+
+
+def optimizer_step(model, opt, loss, lr, grad_clip):
+    """After the caller's backward (loss: its total) and, under DDP, its sum of the gradients over
+    the ranks: refuse a NaN/inf (FloatingPointError naming the tensor), clip, step at lr (times a
+    group's lr_scale). Returns the gradient norm before clipping."""
+    for g in opt.param_groups:
+        g["lr"] = lr * g.get("lr_scale", 1.0)
+    params = [p for p in model.parameters() if p.grad is not None]
+    gnorm = torch.nn.utils.get_total_norm([p.grad for p in params])
+    if not (torch.isfinite(loss) and torch.isfinite(gnorm)):  # the loss, else the first gradient
+        grads = ((n, p.grad) for n, p in model.named_parameters() if p.grad is not None)
+        bad = next((f"gradient of {n}" for n, g in grads if not torch.isfinite(g).all()), "")
+        raise FloatingPointError(bad if torch.isfinite(loss) else f"loss ({loss.item()})")
+    torch.nn.utils.clip_grads_with_norm_(params, grad_clip or math.inf, gnorm)
+    opt.step()
+    return gnorm
+
+
 def seeded(device, *key):
     """A torch.Generator seeded by a key such as ("rollout", seed, rank, step): a stream per
     key, the same in every run, so a resumed run needs no saved RNG state."""
@@ -310,6 +341,16 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
     if episodes:
         out["turn_rewards"] = episodes.turn_rewards(len(toks)).to(device)
     return out
+
+
+def responses(out):
+    """The response ids of each row (the environment's too, EOS included, padding cut) of a
+    `generate` result or of a record with its fields (ids (N, P+L), mask (N, L), length (N,))."""
+    if isinstance(out, dict):
+        ids, P, n = out["ids"], out["prompt_len"], out["response_mask"].sum(1)
+    else:
+        ids, P, n = out.ids, out.ids.size(1) - out.mask.size(1), out.length
+    return [r[P:P + int(k)] for r, k in zip(ids.tolist(), n.tolist())]
 
 
 def extend(model, cache, node, node_off, tok, done):

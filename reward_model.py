@@ -22,7 +22,7 @@ import torch
 
 from data.tasks import load_problems
 from losses import bt_loss, nll_loss
-from model import generate, seeded
+from model import adamw, generate, responses, seeded
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError, run_cli
 from nanorl.ddp import all_reduce
@@ -31,7 +31,7 @@ from nanorl import loop
 from nanorl.loop import TrainConfig, start
 from nanorl.pref import ensure_pairs, load_records
 from nanorl.rm import rm_scores
-from nanorl.rows import gold_rows, pack, record_rows, responses
+from nanorl.rows import gold_rows, pack, record_rows
 
 
 @dataclass
@@ -144,7 +144,7 @@ def train(cfg, model, tok, pairs, run_config, rank, world):
     lm_coef times the right answers' NLL; val pair accuracy on rank 0 (its mean over both kinds
     of pairs picks best.pt), test's per kind too at each full eval."""
     chosen, rejected, _ = pairs["train"]
-    opt = loop.adamw(model, cfg.lr, cfg.weight_decay)
+    opt = adamw(model, cfg.lr, cfg.weight_decay)
     state = loop.resume(cfg, model, opt, tok, rank == 0, run_config)[0] if cfg.resume \
         else loop.State()
     with loop.Clock(cfg, state, rank) as clock:

@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from data.tasks import format_prompt, parse_answer
-from model import generate
+from data.tasks import flip_numbers, parse_answer
+from model import generate, responses
 from nanorl import templates
 from nanorl.config import UserError, run_cli
 from nanorl.evaluate import load_policy
-from nanorl.rows import encode_prompts, responses
+from nanorl.rows import encode_prompts
 
 
 @dataclass
@@ -119,7 +119,7 @@ def turns(tok, ids, act, reverse):
     lines, cut = [], [0] + [i + 1 for i in range(len(ids) - 1) if not act[i] and act[i + 1]]
     for a, b in zip(cut, cut[1:] + [len(ids)]):  # a turn: the policy's tokens, then the answer
         k = next((i for i in range(a, b) if not act[i]), b)
-        mine, answer = (format_prompt(tok.decode(ids[x:y]), reverse) for x, y in ((a, k), (k, b)))
+        mine, answer = (flip_numbers(tok.decode(ids[x:y]), reverse) for x, y in ((a, k), (k, b)))
         lines.append(f"{mine}  {answer}" if answer else mine)
     return lines
 

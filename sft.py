@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from data.tasks import TASKS, labelled
-from model import GPT, GPTConfig, seeded
+from model import GPT, GPTConfig, adamw, seeded
 from nanorl.config import UserError, run_cli
 from nanorl.ddp import all_reduce, bf16_default
 from nanorl.evaluate import Task, env_of, evaluate, task_alphabet, task_splits, verifier_of
@@ -182,7 +182,7 @@ def train(cfg, model, task, data, bf16, dev, rank, world):
     stop at max_iters, max_seconds, a signal, or once val reaches target_val_accuracy."""
     (x, y, mask), target = data, cfg.target_val_accuracy
     compiled = torch.compile(model) if cfg.compile else model  # checkpoints hold the plain model
-    opt = loop.adamw(model, cfg.lr, cfg.weight_decay)
+    opt = adamw(model, cfg.lr, cfg.weight_decay)
     run_config, window = {**asdict(cfg), **task.settings()}, [0, 0.0]  # tokens, s since a log
     state = loop.resume(cfg, model, opt, task.tok, rank == 0, run_config)[0] if cfg.resume \
         else loop.State()

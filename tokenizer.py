@@ -1,6 +1,7 @@
 """The char tokenizer (one id per character of the task alphabet, after PAD 0 and EOS 1): encode,
 decode, vocab_size, eos_id, pad_id, special_ids, to_dict. `from_dict(tok.to_dict())` rebuilds it:
-a checkpoint alone can sample. tiktoken BPEs (--tokenizer=gpt2): nanorl/bpe.py.
+a checkpoint alone can sample. tiktoken BPEs (--tokenizer=gpt2): nanorl/bpe.py. final_text: what a
+response says, for any of them.
 
     CharTokenizer("0123456789*+=").encode("23*47=")  # -> [4, 5, 12, 6, 9, 14]
 """
@@ -40,6 +41,16 @@ class CharTokenizer:
 
     def to_dict(self):
         return {"kind": "char", "chars": self.chars}
+
+
+def final_text(tok, ids, act=None):
+    """The text the policy wrote after the environment's last token (act: the ids' action mask,
+    None: all the policy's), EOS stripped; None if it did not end with EOS or a special token
+    comes earlier (decoding would drop it: "10<pad>81"). Any tokenizer: char or BPE."""
+    if not ids or ids[-1] != tok.eos_id or any(i in tok.special_ids for i in ids[:-1]):
+        return None
+    start = max((i + 1 for i, a in enumerate((act or ())[:len(ids)]) if not a), default=0)
+    return tok.decode(ids[start:-1])
 
 
 def from_dict(d):

@@ -1,9 +1,9 @@
-"""Rewards: VERIFIERS[name](completion, gold, reverse=False) -> 1.0 or 0.0, and DAPO's
-overlong_penalty. Pure and total: garbage, unicode, nested tags, 5,000-digit numbers give 0,
-never an exception; numbers compare as digit strings, never via int(). An answer is
-canonical: "0", or an optional '-' then ASCII digits, no leading zero. gold is canonical, in
-normal order ("1081"). The caller passes the text the policy wrote after the environment's
-last token (an observation), EOS stripped (no EOS or a special inside: 0).
+"""Rewards: VERIFIERS[name](completion, gold, reverse=False) -> 1.0 or 0.0, DAPO's
+overlong_penalty, a task's grade and an episode's return. Pure and total: garbage, unicode,
+nested tags, 5,000-digit numbers give 0, never an exception; numbers compare as digit strings,
+never via int(). An answer is canonical: "0", or an optional '-' then ASCII digits, no leading
+zero. gold is canonical, in normal order ("1081"). The caller passes the text the policy wrote
+after the environment's last token (an observation), EOS stripped (no EOS or a special inside: 0).
 """
 import re
 
@@ -61,3 +61,15 @@ def exact_text(completion: str, gold: str, reverse: bool = False) -> float:
 # name -> f(completion, gold, reverse=False), picked by sft.py --verifier=NAME (stored in the
 # checkpoint for every eval and rl.py's rewards). Your own: a function and one line here.
 VERIFIERS = {"exact": exact_answer, "final": final_answer, "text": exact_text}
+
+
+def grade(verifier, reverse, text, problem):
+    """A task's score of the text the policy wrote for problem (prompt, gold): 0 if it never
+    ended (text None), else VERIFIERS[verifier]'s (bound once per task: Task.grade)."""
+    return 0.0 if text is None else VERIFIERS[verifier](text, problem[1], reverse=reverse)
+
+
+def episode_return(score, turn_rewards=None):
+    """(N,) an episode's return: its final score (N,) plus its turns' rewards (N, L) if an
+    environment paid any; the reward without DAPO's shaping."""
+    return score if turn_rewards is None else score + turn_rewards.sum(1)

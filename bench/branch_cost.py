@@ -27,7 +27,7 @@ def one_step(cfg, algo, run, step):
     """-> (rollout s, branch s, turns that need a value, prefixes branched, branches, rollout
     tokens, branch tokens): one step's, all groups kept."""
     gen = seeded("cpu", "rollout", cfg.seed, 0, step)
-    idx = run.prompts.take(cfg.prompts_per_step)
+    idx = run.prompts.draw(cfg.prompts_per_step)
     t0 = time.time()
     batch = rl.rollout(cfg, algo, run, idx, gen, cfg.group_size, cfg.temperature)
     t1 = time.time()

@@ -14,7 +14,7 @@ its output in out_dir/<step>.log, its time capped (TIMEOUT_S sums to 8 min):
   rl-grpo     rl.py --loss=grpo from that checkpoint: the same
   rl-async    the same with --staleness=1 --async_rollouts=true: the sampler process on the same GPU
               (or its own, when there are two): steps per second, each side's idle share
-  throughput  one GRPO step (generate, rl.prepare, rl.update; random rewards) of a GPT-2-small
+  throughput  one GRPO step (generate, then rl.pg_step on it; random rewards) of a GPT-2-small
               shape (124M, vocab 50304, random init, bf16 autocast): tokens/s and MFU
   torchrun    torchrun --standalone --nproc_per_node=1 rl.py --loss=grpo: one step over NCCL
 The smoke runs each at tiny sizes (torchrun over gloo) and reports the CUDA tests as skipped.
@@ -41,7 +41,7 @@ import rl  # noqa: E402
 import sft  # noqa: E402
 from model import GPT, GPTConfig, generate, seeded  # noqa: E402
 from nanorl.config import load_config  # noqa: E402
-from nanorl.loop import adamw  # noqa: E402
+from model import adamw  # noqa: E402
 
 TIMEOUT_S = {"cuda-tests": 120, "sft": 100, "rl-grpo": 100, "rl-async": 60, "throughput": 40,
              "torchrun": 60}
@@ -136,8 +136,8 @@ def now(dev):
 
 
 def grpo_step(cfg, row, run, prompts, dev, step, seen):
-    """rl.py's GRPO step on a model in hand: generate, random 0/1 rewards, rl.prepare and
-    rl.update, under bf16 autocast on CUDA as rl.py -> (rollout s, update s, sampled tokens,
+    """rl.py's GRPO step on a model in hand: generate, random 0/1 rewards, rl.pg_step given that
+    rollout, under bf16 autocast on CUDA as rl.py -> (rollout s, update s, sampled tokens,
     tokens of the no-grad forwards: rollout, reference; of the trained forwards)."""
     with torch.autocast(dev.type, torch.bfloat16, enabled=dev.type == "cuda"):
         seen.clear()
@@ -150,11 +150,10 @@ def grpo_step(cfg, row, run, prompts, dev, step, seen):
         mask = out["action_mask"][:, P:]  # (N, L)
         reward = torch.randint(0, 2, (N,), device=dev, generator=seeded(dev, "reward", step))
         b = rl.rows.Rollout(out["ids"], out["offsets"], mask, out["logps"], old_logp=out["logps"],
-                            reward=reward.float(), score=reward.float(), length=mask.sum(1).float())
+                            reward=reward.float(), score=reward.float(), length=mask.sum(1).float(),
+                            finished=torch.ones(N, dtype=torch.bool, device=dev))
         seen.clear()
-        ref_lp, adv, inputs, _ = rl.prepare(cfg, row, run, b)
-        rl.update(cfg, row, run, b, 1e-5, seeded(dev, "update", step), adv=adv, inputs=inputs,
-                  ref_lp=ref_lp)
+        rl.pg_step(cfg, row, run, 1e-5, seeded(dev, "update", step), (b, {}))
         t2 = now(dev)
     ref_tok, trained_tok = (sum(n for grad, n in seen if grad == g) for g in (False, True))
     return t1 - t0, t2 - t1, mask.sum().item(), roll_tok, ref_tok, trained_tok
@@ -175,7 +174,8 @@ def run_throughput(args, dev):
         net.register_forward_pre_hook(lambda _, inputs: seen.append((torch.is_grad_enabled(),
                                                                      inputs[0].numel())))
     cfg, row, hp = rl.check(rl.Config(loss="grpo", group_size=G, max_new_tokens=L))
-    run = rl.Run(model, model, ref, adamw(model, 1e-5, 0.0), None, None, hp)
+    run = rl.Run(model, model, ref, adamw(model, 1e-5, 0.0), None, None, hp,
+                 advantages=rl.advantage_stage(cfg, row, hp, None))
     prompts = torch.randint(2, shape["vocab_size"], (n_prompts, P)).tolist()
     steps = [grpo_step(cfg, row, run, prompts, dev, s, seen) for s in range(3)][1:]
     roll_s, upd_s, sampled, roll_tok, ref_tok, trained_tok = (sum(x) for x in zip(*steps))

@@ -22,6 +22,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass, replace
+from types import SimpleNamespace
 
 import torch
 
@@ -30,7 +31,7 @@ import losses as L  # noqa: E402
 import rl  # noqa: E402
 from nanorl.config import UserError, print_config, run_cli  # noqa: E402
 from nanorl.rows import pack  # noqa: E402
-from nanorl.rows import PromptSampler, gold_rows  # noqa: E402
+from nanorl.rows import encode_prompts, gold_rows  # noqa: E402
 from model import logprobs, seeded  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
 from verify import overlong_penalty  # noqa: E402
@@ -77,7 +78,8 @@ def rollout_batch(model, task, cfg, G, k, dyn):
     gives the same first round with and without dyn. None if no group has signal."""
     rc = rl.Config(group_size=G, prompts_per_step=cfg.samples // G, overlong_window=0, dynamic_sampling=dyn,
                    temperature=cfg.temperature, max_new_tokens=cfg.max_new_tokens)
-    run = rl.Run(model, model, None, None, task, PromptSampler(len(task.train), ("lab", cfg.seed, G, k), False), {})
+    run = rl.Run(model, model, None, None, task, rl.PromptSampler(len(task.train), ("lab", cfg.seed, G, k), False), {},
+                 prompt_ids=encode_prompts(task.tok, [p for p, _ in task.train], task.reverse))
     return rl.collect(rc, L.ALGOS["grpo"], run, seeded("cpu", "lab", cfg.seed, G, k))[0]
 
 
@@ -98,7 +100,8 @@ def directions(model, ref, batch, specs, cfg, G):
         if row.overlong:  # DAPO's overlong shaping joins its reward
             pen = [overlong_penalty(int(n), cfg.max_new_tokens, row.overlong) for n in batch.length]
             b.reward = batch.score + torch.tensor(pen)
-        adv, extra = rl.advantages(replace(rc, loss=loss), row, hp, b, ref_logp)
+        b.ref_logp = ref_logp
+        adv, extra = rl.advantages_of(row, hp)(replace(rc, loss=loss), row, SimpleNamespace(hp=hp, ranks=rl.OneProcess()), b)
         kw = dict(values=values) if "values" in row.needs else {}
         obj, _ = L.algo_loss(row, hp, lp, batch.mu, adv, mask, ref_logp, **extra, **kw)
         out[name] = flat(torch.autograd.grad(-obj, params, retain_graph=True, allow_unused=True), params)

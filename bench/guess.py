@@ -24,11 +24,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 from envs import guess  # noqa: E402
-from model import generate  # noqa: E402
+from model import generate, responses  # noqa: E402
 from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from nanorl.episodes import play_turns  # noqa: E402
 from nanorl.evaluate import Task  # noqa: E402
-from nanorl.rows import encode_prompts, responses  # noqa: E402
+from nanorl.rows import encode_prompts  # noqa: E402
 
 
 def play(ckpt_path, G=8, temperature=1.0, seed=0):

@@ -6,7 +6,7 @@ Time GRPO steps of the default model: rollout vs update, median over steps after
                             [--sample_batch_size=256] [--micro_batch_size=256] [--profile=true]
 
 Uses the SFT checkpoint when it exists (realistic response lengths and rewards), else a freshly
-initialised default model. Runs the real rl.collect, rl.prepare and rl.update (no dynamic sampling). Prints the
+initialised default model. Runs the real rl.collect, then rl.pg_step on it (no dynamic sampling). Prints the
 rollout's sampled tokens/s and `median_step_s=<seconds>`, the number the speed work compares; with
 --profile, then each phase's share of a step and the top ops.
 """
@@ -27,8 +27,8 @@ from model import GPT, GPTConfig  # noqa: E402
 from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from nanorl.config import load_config  # noqa: E402
 from nanorl.evaluate import Task  # noqa: E402
-from nanorl.loop import adamw  # noqa: E402
-from nanorl.rows import PromptSampler  # noqa: E402
+from model import adamw  # noqa: E402
+from nanorl.rows import encode_prompts  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
 
 
@@ -51,8 +51,10 @@ def grpo_run(model, tok, reverse, beta, lr):
     """rl.py's Run around a model in hand (the mul task's train prompts, a frozen reference)."""
     task = Task(tok, "mul", reverse, "exact", 0, load_split("mul", "train"))
     ref = copy.deepcopy(model).eval().requires_grad_(False)
-    return rl.Run(model.eval(), model, ref, adamw(model, lr, 0.0), task, PromptSampler(len(task.train), 1, False),
-                  L.resolve_hparams("grpo", beta=beta))
+    cfg, hp = rl.Config(loss="grpo", beta=beta), L.resolve_hparams("grpo", beta=beta)
+    return rl.Run(model.eval(), model, ref, adamw(model, lr, 0.0), task, rl.PromptSampler(len(task.train), 1, False),
+                  hp, advantages=rl.advantage_stage(cfg, L.ALGOS["grpo"], hp, None),
+                  prompt_ids=encode_prompts(tok, [p for p, _ in task.train], reverse))
 
 
 def grpo_step(cfg, run, gen, lr):
@@ -60,8 +62,7 @@ def grpo_step(cfg, run, gen, lr):
     row, t0 = L.ALGOS["grpo"], time.perf_counter()
     batch, _ = rl.collect(cfg, row, run, gen)
     t1 = time.perf_counter()
-    ref_lp, adv, inputs, _ = rl.prepare(cfg, row, run, batch)
-    rl.update(cfg, row, run, batch, lr, gen, adv=adv, inputs=inputs, ref_lp=ref_lp)
+    rl.pg_step(cfg, row, run, lr, gen, (batch, {}))
     return t1 - t0, time.perf_counter() - t1, batch
 
 
@@ -103,15 +104,15 @@ def main(b):
 
 
 PHASES = {"rollout: sampler": "model.py:.*\\(generate\\)", "rollout: grading": "rl.py:.*\\(rollout\\)",
-          "update: reference forward": "rl.py:.*\\(prepare\\)",
-          "update: policy forward": "rl.py:.*\\(accumulate\\)", "update: backward": "method 'run_backward'",
-          "update: optimizer": "loop.py:.*\\(optimizer_step\\)", "update: all": "rl.py:.*\\(update\\)",
-          "step": "one_step"}
+          "update: reference forward": "rl.py:.*\\(with_reference\\)",
+          "update: policy forward": "model.py:.*\\(logprobs\\)|losses.py:.*\\(algo_loss\\)",
+          "update: backward": "method 'run_backward'", "update: optimizer": "model.py:.*\\(optimizer_step\\)",
+          "update: all": "rl.py:.*\\(pg_step\\)", "step": "one_step"}
 
 
 def profile(one_step, n):
-    """Per phase (cProfile, cumulative; grading = rollout less the sampler, policy forward = rl's
-    accumulate less the backward: its forward and loss) and per op (torch.profiler, self time),
+    """Per phase (cProfile, cumulative; grading = rollout less the sampler, policy forward = the
+    log-probs' forwards less the reference's, and the loss) and per op (torch.profiler, self time),
     per step."""
     import cProfile
     import pstats
@@ -123,8 +124,7 @@ def profile(one_step, n):
     cum = {k: sum(v[3] for f, v in stats.items() if re.search(pat, f"{f[0]}:{f[1]}({f[2]})"))
            for k, pat in PHASES.items()}
     cum["rollout: grading"] -= cum["rollout: sampler"]
-    cum["update: policy forward"] -= cum["update: backward"]  # accumulate runs both
-    cum["update: all"] += cum["update: reference forward"]
+    cum["update: policy forward"] -= cum["update: reference forward"]  # its log-probs too
     for k, v in cum.items():
         print(f"{k:28s} {1e3 * v / n:8.1f} ms  {100 * v / cum['step']:5.1f}%")
     with torch_profile() as p:

@@ -22,12 +22,12 @@ Stages: wrappers installed for the run (unittest.mock.patch) time these calls, p
   prefill            GPT.forward outside the other stages: generate's prompt forward
   decode             model.extend: a cached decode step (its prefix keying, KVCache.select of
                      the rows it extends, the one-token forward)
-  reference forward  rl.logprobs on run.ref (rl.prepare's ref log-probs); absent when beta = 0
+  reference forward  rl.logprobs on run.ref (the advantage stage's, with_reference); absent when beta = 0
   pi_old             offpolicy.logprobs (offpolicy.recompute: bf16, staleness); without it the
                      sampler's log-probs mu stand in for pi_old: not computed
-  policy forward     rl.logprobs with grad on (rl.accumulate): the forward and token log-probs
-  policy backward    torch.Tensor.backward (rl.accumulate's loss.backward())
-  optimizer          nanorl.loop.optimizer_step: grad norm, finiteness check, clip, AdamW step
+  policy forward     rl.logprobs with grad on (rl.pg_step's micro-batches): the forward and token log-probs
+  policy backward    torch.Tensor.backward (rl.pg_step's loss.backward())
+  optimizer          model.optimizer_step: grad norm, finiteness check, clip, AdamW step
   host overhead      the step's wall time less the stages: sampling from the logits, episodes,
                      grading, advantages, the loss
 
@@ -78,7 +78,7 @@ import rl  # noqa: E402
 import sft  # noqa: E402
 from data.tasks import TASKS  # noqa: E402
 from model import GPT, seeded  # noqa: E402
-from nanorl import bpe, loop, offpolicy  # noqa: E402
+from nanorl import bpe, offpolicy  # noqa: E402
 from nanorl.checkpoint import save_checkpoint  # noqa: E402
 from nanorl.config import load_config  # noqa: E402
 from nanorl.ddp import bf16_default  # noqa: E402
@@ -148,7 +148,7 @@ def patches(stages, run):
     """The wrappers that time and count each stage (module docstring), for a with-block."""
     forward, extend, logprobs = GPT.forward, model.extend, rl.logprobs
     old_logprobs = offpolicy.logprobs
-    backward, optimizer_step = torch.Tensor.backward, loop.optimizer_step
+    backward, optimizer_step = torch.Tensor.backward, rl.optimizer_step
 
     def timed_forward(gpt, idx, offsets=None, cache=None, return_scalar=False):
         (B, T), S = idx.shape, (cache.pos if cache is not None else 0)
@@ -191,7 +191,7 @@ def patches(stages, run):
                            (rl, "logprobs", timed_logprobs),
                            (offpolicy, "logprobs", timed_old_logprobs),
                            (torch.Tensor, "backward", timed_backward),
-                           (loop, "optimizer_step", timed_optimizer_step)]:
+                           (rl, "optimizer_step", timed_optimizer_step)]:
         stack.enter_context(mock.patch.object(obj, attr, new))
     return stack
 
@@ -236,7 +236,7 @@ def measure(b, cfg, algo, run):
             stages.reset(counting=i == b.warmup + b.steps)
             gen = seeded(torch.device("cpu"), "rollout", cfg.seed, 0, i + 1)
             t0 = time.perf_counter()
-            stats = rl.pg_step(cfg, algo, run, cfg.lr, gen)
+            stats = rl.train_step(cfg)(cfg, algo, run, cfg.lr, gen)
             wall = time.perf_counter() - t0
             if b.warmup <= i < b.warmup + b.steps:
                 timed.append({k: (stages.sec[k], stages.flops[k]) for k in stages.sec})

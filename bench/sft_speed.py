@@ -23,7 +23,7 @@ from data.tasks import ALPHABET, load_split  # noqa: E402
 from model import GPT, GPTConfig  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
 from nanorl.evaluate import Task  # noqa: E402
-from nanorl.loop import adamw  # noqa: E402
+from model import adamw  # noqa: E402
 
 
 @dataclass

@@ -26,7 +26,7 @@ from model import token_logps  # noqa: E402
 from nanorl.evaluate import explained_variance  # noqa: E402
 from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from model import generate, response_forward  # noqa: E402
-from nanorl.loop import adamw  # noqa: E402
+from model import adamw  # noqa: E402
 
 args = dict(a[2:].split("=", 1) for a in sys.argv[1:])
 ckpt_path, n, G = args.get("ckpt", "out/sft-mul/ckpt.pt"), int(args.get("prompts", 1024)), 16

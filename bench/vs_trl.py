@@ -11,7 +11,7 @@ loss_type="grpo") with beta 0.04, lr 1e-5, one optimizer step per rollout, 1 thr
 needs bf16 and gradient checkpointing off, and with beta > 0 loads its reference model from a
 path (save_pretrained, then config._name_or_path). torch.set_flush_denormal(True) is a process-wide
 flag, so it holds for both (off, TRL's backward ran ~10x slower in a probe).
-The sides interleave: a TrainerCallback runs one of our steps (rl.collect + rl.update, what rl.py
+The sides interleave: a TrainerCallback runs one of our steps (rl.collect + rl.pg_step, what rl.py
 runs) after each TRL step, so both see the same machine load. A TRL step is the time between
 two of its on_step_end calls, less our step in between. Our forwards run each distinct row once
 (the sampler each distinct prefix, the trainer each distinct sample): the share of distinct rows is
@@ -35,7 +35,7 @@ import rl  # noqa: E402
 from bench.rl_step import grpo_run, grpo_step  # noqa: E402
 from nanorl.config import load_config  # noqa: E402
 from nanorl.evaluate import Task  # noqa: E402
-from data.tasks import ALPHABET, format_prompt, load_split  # noqa: E402
+from data.tasks import ALPHABET, flip_numbers, load_split  # noqa: E402
 from nanorl.checkpoint import load_checkpoint, model_from_checkpoint  # noqa: E402
 from model import GPT, GPTConfig, HF_TRANSPOSED  # noqa: E402
 from tokenizer import CharTokenizer  # noqa: E402
@@ -127,7 +127,7 @@ def main(b):
         warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' renames of TRL's arguments
         tmp = tempfile.mkdtemp(prefix="vs_trl_")
         hf = hf_twin(model, os.path.join(tmp, "model"))
-        data = Dataset.from_dict({"prompt": [format_prompt(p, reverse) for p, _ in train], "answer": [a for _, a in train]})
+        data = Dataset.from_dict({"prompt": [flip_numbers(p, reverse) for p, _ in train], "answer": [a for _, a in train]})
 
         score = Task(tok, "mul", reverse, "exact", 0).score  # rl.py's reward: the verifier's, 0 without EOS
 

@@ -51,10 +51,11 @@ def compute(op, a, b):
     return a * b if op == "*" else a + b
 
 
-def format_prompt(prompt, reverse):
-    """Normal-order prompt -> what the model reads: reverse flips each operand too ("23*47=" ->
-    "32*74="), so digit i of each operand lines up with the answer's."""
-    return re.sub(r"\d+", lambda m: m.group()[::-1], prompt) if reverse else prompt
+def flip_numbers(text, reverse):
+    """Each number of text written backwards when reverse: a prompt as the model reads it
+    ("23*47=" -> "32*74=": digit i of each operand lines up with the answer's), an environment's
+    text either way (its own inverse); text as it is otherwise."""
+    return re.sub(r"\d+", lambda m: m.group()[::-1], text) if reverse else text
 
 
 def format_answer(answer, reverse):

@@ -1,5 +1,5 @@
 """
-Guess the number (TextArena's GuessTheNumber): a secret in 1..100, hidden in the row's answer.
+Guess the number (TextArena's GuessTheNumber): a secret in 1..100, hidden in the problem's answer.
 The policy writes a guess and ends its turn with `|`; the environment answers `<` (the secret is
 lower), `>` (higher), `=` (found: the episode ends) or `?` (not a number in 1..100: a turn spent).
 The episode also ends after 7 turns. Binary search always wins, in 5.80 turns on average.

@@ -51,7 +51,7 @@ from nanorl.ddp import all_reduce, mean_over_ranks
 
 
 def check(cfg):
-    """--async_rollouts and --inflight against the run: one line where they do not fit (a row
+    """--async_rollouts and --inflight against the run: one line where they do not fit (an algorithm
     without an importance ratio is refused by --staleness, which async needs)."""
     if not cfg.async_rollouts:
         raise UserError("--inflight updates the async sampler's weights: it needs "
@@ -66,9 +66,9 @@ def check(cfg):
 class Pipeline:
     """The trainer's end of the pipeline, rl.py's step function when --async_rollouts is on."""
 
-    def __init__(self, cfg, run, rank, world, setup, sample, train):
+    def __init__(self, cfg, run, rank, world, setup, collect, step):
         check(cfg)
-        self.train, self.timeout = train, cfg.async_timeout
+        self.step, self.timeout = step, cfg.async_timeout  # step: rl.py's, given each rollout
         threads = torch.get_num_threads()  # the sync run's, shared: the sampler takes half
         torch.set_num_threads(max(1, threads - threads // 2))
         dev = next(run.model.parameters()).device
@@ -78,7 +78,7 @@ class Pipeline:
         state = {"sampler": run.prompts.state_dict(), "rm": run.rm and run.rm.state_dict()}
         self.proc = ctx.Process(target=serve, name=f"nanorl-sampler-{rank}", daemon=True, args=(
             asdict(cfg), type(cfg), run.hp, str(sampler_device(dev, rank, world)), rank, world,
-            run.state.step + 1, state, max(1, threads // 2), setup, sample, weights, rollouts,
+            run.state.step + 1, state, max(1, threads // 2), setup, collect, weights, rollouts,
             os.getpid()))
         self.proc.start()
         weights.close(), rollouts.close()  # the sampler's ends: its death reads as EOF here
@@ -93,7 +93,7 @@ class Pipeline:
         full = len(run.queue) == cfg.staleness  # rollout s-k is queued: this step updates
         batch, sampled = run.queue.popleft() if full else (None, {})
         lag = version_lag(batch, s - 1) if full else {}
-        stats = self.train(cfg, algo, run, batch, sampled, lr, gen)
+        stats = self.step(cfg, algo, run, lr, gen, (batch, sampled))
         self.publish(run, s)
         t1 = time.time()
         msg = self.receive(s)
@@ -258,7 +258,7 @@ def orphaned(parent):
         os._exit(0)
 
 
-def serve(cfg, cls, hp, dev, rank, world, first, state, threads, setup, sample, weights, out,
+def serve(cfg, cls, hp, dev, rank, world, first, state, threads, setup, collect, weights, out,
           parent):
     """The sampler process: rollout first, first + 1, ..., each sent to the trainer (`out`) with
     its stats and the prompt sampler's and reward model's state after it."""
@@ -276,14 +276,14 @@ def serve(cfg, cls, hp, dev, rank, world, first, state, threads, setup, sample, 
             run.rm.load_state_dict(state["rm"])
         source = Weights(run.model, weights, parent)
         run.model = InFlight(run.model, source, cfg.inflight)
-        sample.__globals__["generate"] = stamped(generate, run.model)  # rl.py's, this process's
+        collect.__globals__["generate"] = stamped(generate, run.model)  # rl.py's, this process's
         send(out, {"step": first - 1})  # set up: the trainer's timeout now times rollouts
         idle, t = source.idle, time.time()  # a rollout's span: from the last one's send
         for s in itertools.count(first):
             source.wait_for(s - 1)  # pacing: rollout s is version s-1's
             gen = seeded(dev, "rollout", cfg.seed, rank, s)
-            with torch.autocast(dev.type, torch.bfloat16, enabled=cfg.bf16):
-                batch, stats = sample(cfg, algo, run, gen)
+            with torch.autocast(dev.type, torch.bfloat16, enabled=cfg.bf16 or cfg.sampler_bf16):
+                batch, stats = collect(cfg, algo, run, gen)
             idle_frac = (source.idle - idle) / (time.time() - t)
             idle, t = source.idle, time.time()
             send(out, {"step": s, "batch": rows.to_dict(batch), "stats": stats,

@@ -6,7 +6,7 @@ tokenizer fits it (check). Its row in losses.ALGOS: advantage "first_wrong".
 import torch
 
 from nanorl.config import UserError
-from nanorl.rows import responses
+from model import responses
 from tokenizer import CharTokenizer
 
 

@@ -7,13 +7,16 @@ import losses
 from model import logprobs
 
 
-def select(model, batch, mb, adv, hp, cfg, kind, max_rows, gen, moved):
-    """Minibatch mb's tokens (len(mb), L) of the row's kind, from the current policy's
-    log-probs: at a rollout's first optimizer step theta = theta_old (pi_old serves), after it
-    a no-grad forward."""
+def select(cfg, algo, run, batch, mb, adv, max_rows, gen, first):
+    """The tokens (N, L) of minibatch mb's rows the algorithm's kind singles out (others False),
+    from the current policy's log-probs: at a rollout's first optimizer step theta = theta_old
+    (pi_old serves), after it a no-grad forward."""
     old = now = batch.old_logp[mb]  # (len(mb), L)
-    if moved:
+    if not first:
         with torch.no_grad():
-            now = logprobs(model, batch.ids[mb], batch.offsets[mb], batch.mask[mb],
+            now = logprobs(run.model, batch.ids[mb], batch.offsets[mb], batch.mask[mb],
                            cfg.temperature, max_rows=max_rows)[0]
-    return losses.cov_select(now, old, adv[mb], batch.mask[mb], gen, kind=kind, **hp)
+    chosen = torch.zeros_like(batch.mask, dtype=torch.bool)  # (N, L)
+    chosen[mb] = losses.cov_select(now, old, adv[mb], batch.mask[mb], gen, kind=algo.select,
+                                   **run.hp)
+    return chosen

@@ -86,3 +86,12 @@ def gather_objects(obj):
     if dist.is_initialized():
         dist.all_gather_object(out, obj)
     return out
+
+
+class Ranks:
+    """The collectives rl.py's step asks of the ranks under torchrun (rl.OneProcess on one):
+    reduce (all_reduce), mean (mean_over_ranks), sync (sync_grads), and their number."""
+
+    def __init__(self):
+        self.world = world_size()
+        self.reduce, self.mean, self.sync = all_reduce, mean_over_ranks, sync_grads

@@ -1,4 +1,4 @@
-"""On-policy distillation, opened by the rows that need a teacher (opd, gkd): the student
+"""On-policy distillation, opened by the algorithms that need a teacher (opd, gkd): the student
 samples, a frozen teacher scores every sampled position, and no reward is needed.
 
     python rl.py --loss=gkd --teacher_ckpt=out/sft-teacher/ckpt.pt  # or opd
@@ -37,10 +37,11 @@ def load(path, tok, dev):
 
 
 @torch.no_grad()
-def advantages(model, batch, cfg, algo):
-    """From the teacher's tempered log-probs of the sampled tokens -> (opd's advantages
-    (losses.teacher_advantages), or gkd's 0; the objective's inputs: gkd's teacher logits)."""
-    lp, _, logits = logprobs(model, batch.ids, batch.offsets, batch.mask, cfg.temperature,
+def advantages(cfg, algo, run, batch):
+    """rl.py's advantage stage, from the teacher's tempered log-probs of the sampled tokens ->
+    (opd's advantages (losses.teacher_advantages), or gkd's 0; the objective's inputs: gkd's
+    teacher logits)."""
+    lp, _, logits = logprobs(run.teacher, batch.ids, batch.offsets, batch.mask, cfg.temperature,
                              logits="teacher_logits" in algo.needs, max_rows=cfg.micro_batch_size)
     adv = losses.teacher_advantages(batch.old_logp, lp, batch.mask) if algo.advantage \
         else torch.zeros_like(batch.mu)

@@ -1,7 +1,7 @@
 """
 Environments in the sampler: a row's episode, opened by tasks that name one (an `envs/` file).
 
-An environment is a class `Env` in an envs/ file, a fresh one per episode, built from a task row's
+An environment is a class `Env` in an envs/ file, a fresh one per episode, built from a problem's
 answer (its hidden state: a secret, never in the prompt) and --env_args; its contract is `Env`
 below, checked when a task loads. It speaks text: its turns end on stop strings, and a template
 (nanorl/templates.py) writes its episode for any tokenizer. An optional `state()` names the state a
@@ -23,7 +23,7 @@ from typing import Any, NamedTuple, Optional, Protocol
 
 import torch
 
-from data.tasks import DataError, format_prompt
+from data.tasks import DataError, flip_numbers
 from nanorl import templates
 from nanorl.config import UserError
 
@@ -64,7 +64,7 @@ def check_env(task, module, args, row):
 
 
 def make_env(module, row, args):
-    """A fresh Env from a task row (prompt, answer): the answer, the row's JSONL fields over
+    """A fresh Env from a problem (prompt, answer): the answer, its JSONL fields over
     --env_args, and the prompt (as the task wrote it, before a template) if the Env takes one."""
     prompt, answer = row
     kw = {**args, **getattr(row, "fields", {})}
@@ -140,7 +140,7 @@ class Episodes:
             return None
         text, how = read
         return (None if text is None else
-                self.template.turn(format_prompt(text, self.reverse))), how  # normal order
+                self.template.turn(flip_numbers(text, self.reverse))), how  # normal order
 
     def step(self, r, ids, text, how="stop"):
         """Row r's response ids so far end a turn whose text is text -> (the bridge's ids to
@@ -180,7 +180,7 @@ class Episodes:
     def score(self, r, final):
         """Row r's final score; final: the policy's text after the last observation, or None."""
         return float(self.envs[r].score(None if final is None else
-                                        format_prompt(final, self.reverse)))
+                                        flip_numbers(final, self.reverse)))
 
     def stats(self):
         """(turns, invalid turns), each (N,) float."""
@@ -191,9 +191,9 @@ class Episodes:
 def bridge(tok, template, env, obs, done, reverse):
     """The environment's answer to a turn -> the ids forced after it: its text cut to env.max_obs
     tokens, written by the template and encoded alone, then EOS if the episode is done."""
-    cut = tok.decode(tok.encode(format_prompt(obs, reverse))[:env.max_obs])  # as the model reads
-    text = template.observation(format_prompt(cut, reverse), done)
-    return tok.encode(format_prompt(text, reverse)) + ([tok.eos_id] if done else [])
+    cut = tok.decode(tok.encode(flip_numbers(obs, reverse))[:env.max_obs])  # as the model reads
+    text = template.observation(flip_numbers(cut, reverse), done)
+    return tok.encode(flip_numbers(text, reverse)) + ([tok.eos_id] if done else [])
 
 
 def play_turns(module, row, turns, tok, reverse, template=templates.Plain()):
@@ -202,7 +202,7 @@ def play_turns(module, row, turns, tok, reverse, template=templates.Plain()):
     episode ended). A turn the sampler would end elsewhere, or read otherwise, is a DataError."""
     episodes, ids, mask = Episodes(module, [row], 1, tok, reverse, {}, template), [], []
     for turn in turns:
-        policy = tok.encode(format_prompt(template.demo_turn(turn, episodes.stops[0]), reverse))
+        policy = tok.encode(flip_numbers(template.demo_turn(turn, episodes.stops[0]), reverse))
         ends = [episodes.ended(0, ids + policy[:j]) for j in range(1, len(policy) + 1)]
         if any(ends[:-1]) or ends[-1] != (turn, "stop"):
             raise DataError(f"{module.__name__}: the demonstration's turn {turn!r}, written "
@@ -224,7 +224,7 @@ def play_demo(module, row, turns, final, tok, reverse, template=templates.Plain(
         return ids, mask
     if final is None:
         raise DataError(f"{module.__name__}: a demonstration ended before its episode did")
-    policy_ids = tok.encode(format_prompt(template.final(final), reverse)) + [tok.eos_id]
+    policy_ids = tok.encode(flip_numbers(template.final(final), reverse)) + [tok.eos_id]
     return ids + policy_ids, mask + [1] * len(policy_ids)
 
 
@@ -236,6 +236,6 @@ def demo_rows(module, problems, tok, reverse, seed=0, template=templates.Plain()
         prompt, answer = row  # the demo reads the prompt as the task wrote it
         turns, final = module.demo(getattr(row, "source", prompt), answer,
                                    random.Random(f"{seed}:{i}"))
-        rows.append((tok.encode(format_prompt(prompt, reverse)),
+        rows.append((tok.encode(flip_numbers(prompt, reverse)),
                      *play_demo(module, row, turns, final, tok, reverse, template)))
     return rows

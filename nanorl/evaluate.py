@@ -4,19 +4,22 @@ held-out evaluation of a policy on it (greedy accuracy, unbiased pass@k, KL to t
 import importlib
 import math
 from dataclasses import dataclass, field
+from functools import partial
+from typing import Callable
 
 import torch
 
 import losses
-from data.tasks import (ALPHABET, TASKS, DataError, Row, format_answer, format_prompt, line_of,
+from data.tasks import (ALPHABET, TASKS, DataError, Row, format_answer, flip_numbers, line_of,
                         load_split, parse_answer, problem_key)
-from model import generate, logprobs
+from model import generate, logprobs, responses
 from nanorl.checkpoint import ckpt_settings, load_checkpoint, model_from_checkpoint
 from nanorl.config import UserError
-from nanorl.rows import encode_prompts, gold_rows, responses
+from nanorl.rows import encode_prompts, gold_rows
 from nanorl import rg, templates
 from nanorl.episodes import Episodes, check_env, demo_rows
-from verify import VERIFIERS
+from tokenizer import final_text
+from verify import VERIFIERS, grade
 
 
 @dataclass
@@ -37,6 +40,11 @@ class Task:
     rg: dict = field(default_factory=dict)  # an rg: task's generator config (nanorl/rg.py)
     scorer: object = None  # an rg: task's score(question, answer)
     max_new_tokens: int = 8  # SFT's: its answers (an environment's episodes) fit it
+    grade: Callable = field(init=False, repr=False)  # (text, problem) -> score: __post_init__
+
+    def __post_init__(self):  # the grade of a text, bound once: rg's generator's, or verify's
+        self.grade = partial(grade_rg, self.scorer, self.reverse) if self.scorer else \
+            partial(grade, self.verifier_name, self.reverse)
 
     @classmethod
     def of(cls, ckpt, path, tok, env_args=None):
@@ -44,11 +52,11 @@ class Task:
         name, reverse, vname = ckpt_settings(ckpt, path, "task", "reverse", "verifier")
         verifier_of(vname)
         c = ckpt["config"]  # the template: plain in a checkpoint older than templates
-        task = cls(tok, name, reverse, vname, c.get("n_train", 0), env_module=env_of(name),
-                   rg=c.get("rg") or {}, template=c.get("template", "plain"),
-                   env_args=env_args or {}, max_new_tokens=c.get("max_new_tokens", 8))
-        splits, task.scorer = task_splits(name, task.rg, getattr(tok, "chars", None))
-        task.train, task.val, task.test = splits.values()
+        splits, scorer = task_splits(name, c.get("rg") or {}, getattr(tok, "chars", None))
+        task = cls(tok, name, reverse, vname, c.get("n_train", 0), *splits.values(),
+                   env_module=env_of(name), rg=c.get("rg") or {}, scorer=scorer,
+                   template=c.get("template", "plain"), env_args=env_args or {},
+                   max_new_tokens=c.get("max_new_tokens", 8))
         task.check_data()
         return task
 
@@ -70,17 +78,10 @@ class Task:
         return gold_rows(self.tok, problems, self.reverse)
 
     def score(self, ids, act, problem, episodes=None, r=0):
-        """A response's final score in [0, 1]: its episode's (row r of episodes), else the
-        verifier's (an rg: task's generator's) of the text the policy wrote after the
-        environment's last token; 0 if it never ended."""
+        """A response's final score in [0, 1]: its episode's (row r of episodes), else the task's
+        grade of the text the policy wrote after the environment's last token (rl.scored's)."""
         text = final_text(self.tok, ids, act)
-        if episodes is not None:
-            return episodes.score(r, text)
-        if text is None:
-            return 0.0
-        if self.scorer:  # the generator's own format: digits turned back
-            return self.scorer(problem[0], parse_answer(text, self.reverse))
-        return self.verifier(text, problem[1], reverse=self.reverse)
+        return episodes.score(r, text) if episodes is not None else self.grade(text, problem)
 
     def check_data(self):
         """The splits as they load. An environment's prompts are written by its template, and it
@@ -123,7 +124,7 @@ class Task:
     def normal_order(self, response):
         """A decoded response as a person reads it: with reverse, an answer's digits turned back
         ("486" for the model's "684"), an environment's numbers each turned back."""
-        return (format_prompt if self.env_module else parse_answer)(response, self.reverse)
+        return (flip_numbers if self.env_module else parse_answer)(response, self.reverse)
 
     def settings(self):
         return {"task": self.name, "reverse": self.reverse, "verifier": self.verifier_name,
@@ -175,21 +176,17 @@ def task_alphabet(task, problems):
     return ALPHABET + "".join(sorted(set(text) - set(ALPHABET)))
 
 
+def grade_rg(scorer, reverse, text, problem):
+    """An rg: task's grade: its generator's score_answer of the text, digits turned back (0 if the
+    policy never ended)."""
+    return 0.0 if text is None else scorer(problem[0], parse_answer(text, reverse))
+
+
 def verifier_of(name):
     """The reward function verify.VERIFIERS[name], or a UserError naming the valid ones."""
     if name not in VERIFIERS:
         raise UserError(f"unknown verifier {name!r}; valid: {', '.join(sorted(VERIFIERS))}")
     return VERIFIERS[name]
-
-
-def final_text(tok, ids, act=None):
-    """The text the policy wrote after the environment's last token (act: the ids' action mask,
-    None: all the policy's), EOS stripped; None if it did not end with EOS or a special token
-    comes earlier (decoding would drop it: "10<pad>81")."""
-    if not ids or ids[-1] != tok.eos_id or any(i in tok.special_ids for i in ids[:-1]):
-        return None
-    start = max((i + 1 for i, a in enumerate((act or ())[:len(ids)]) if not a), default=0)
-    return tok.decode(ids[start:-1])
 
 
 def load_policy(path, values, dev, env_args=None):

@@ -8,8 +8,8 @@ negative samples, a count bonus, a temperature schedule, pass@k").
 Count bonus (count-based novelty, as in MERCI, arXiv 2510.16614): a turn from state s (its Env's
 state()) that writes action a earns c / sqrt(1 + N(s, a)) on its last token, N the times this rank
 took a from s before this sampler call; the repeat penalty takes p x the share of the group's other
-rows that took the same a from the same s. Both are turn rewards, so per-turn credit rows (GiGPO,
-VinePPO, REINFORCE++) place them on the turn (VinePPO's branches, for its values, are scored
+rows that took the same a from the same s. Both are turn rewards, so algorithms of per-turn credit
+(GiGPO, VinePPO, REINFORCE++) place them on the turn (VinePPO's branches, for its values, are scored
 without them). Both anneal linearly to 0 by explore_iters, and the temperature from
 temperature_start to --temperature (the sampler's and the loss's, the step's throughout); the
 steps after explore_iters sharpen at --temperature with no bonus.
@@ -34,14 +34,14 @@ FLAGS = tuple(Flags.__annotations__)  # any of them set: rl.py explores
 
 
 class Scheduled:
-    """rl.py's step function, checked and run with each step's config -> its stats and the
-    schedule's values."""
+    """rl.py's step function (inner), checked and run with each step's config -> its stats and
+    the schedule's values."""
 
     def __init__(self, cfg, algo, task, step):
         check_bounds(cfg, "temperature_start explore_iters > 0", "count_bonus repeat_penalty >= 0")
         if cfg.async_rollouts or cfg.inflight or cfg.replay or algo.family != "pg":
             raise UserError("the exploration flags (count_bonus, repeat_penalty, "
-                            "temperature_start) need a synchronous policy-gradient row")
+                            "temperature_start) need a synchronous policy-gradient algorithm")
         if cfg.temperature_start and cfg.staleness:  # its rollout was sampled k steps hotter
             raise UserError("--temperature_start sets each step's temperature, and --staleness=k "
                             "would train step s-k's rollout at step s's: set one of them")
@@ -55,18 +55,18 @@ class Scheduled:
         if not (counted or cfg.temperature_start):
             raise UserError("explore_iters ends the anneals of count_bonus, repeat_penalty and "
                             "temperature_start: set one of them")
-        self.step = step
+        self.inner = step
 
     def __call__(self, cfg, algo, run, lr, gen):
         cfg = scheduled(cfg, run.state.step)
-        return {**self.step(cfg, algo, run, lr, gen), "rl/temperature": cfg.temperature,
+        return {**self.inner(cfg, algo, run, lr, gen), "rl/temperature": cfg.temperature,
                 "rl/count_bonus": cfg.count_bonus, "rl/repeat_penalty": cfg.repeat_penalty}
 
 
-def scheduled(cfg, step):
-    """The config of step `step` (0-based): its temperature and bonus weights, annealed
+def scheduled(cfg, done):
+    """The config of the step after `done` steps: its temperature and bonus weights, annealed
     linearly over explore_iters steps (None: max_iters)."""
-    frac = min(1.0, step / (cfg.explore_iters or cfg.max_iters))  # 1 from explore_iters on
+    frac = min(1.0, done / (cfg.explore_iters or cfg.max_iters))  # 1 from explore_iters on
     hot = cfg.temperature if cfg.temperature_start is None else cfg.temperature_start
     return replace(cfg, temperature=hot + (cfg.temperature - hot) * frac,
                    count_bonus=cfg.count_bonus * (1 - frac),

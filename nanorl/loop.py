@@ -15,8 +15,8 @@ own loop, top to bottom, and ask a Clock what to do at the top of each step:
                 stats, line = one_step()
             clock.log(stats, line)
 
-Also here: the loop's settings, the lr schedule, AdamW and the optimizer step (the DDP sum, the
-NaN check, the clip), exact --resume, checkpoints, metrics.jsonl and wandb (Logger), progress
+Also here: the loop's settings, the lr schedule, the supervised optimizer step (the DDP sum, then
+model.optimizer_step), exact --resume, checkpoints, metrics.jsonl and wandb (Logger), progress
 lines with an ETA, a clean stop on SIGINT / SIGTERM or at max_seconds.
 """
 import contextlib
@@ -35,6 +35,7 @@ import torch.distributed as dist
 from data.tasks import atomic_write
 from nanorl.checkpoint import load_checkpoint, save_checkpoint
 from nanorl.config import UserError, check_bounds, print_config
+from model import optimizer_step
 from nanorl.ddp import all_reduce, gather_objects, init_distributed, resolve_device, sync_grads
 
 
@@ -101,43 +102,13 @@ def lr_at(it, cfg):
     return min_lr + 0.5 * (1 + math.cos(math.pi * frac)) * (cfg.lr - min_lr)
 
 
-def adamw(model, lr, weight_decay, head_lr_scale=None):
-    """AdamW (betas 0.9, 0.99), weight decay only on matrices (dim >= 2), not on biases and
-    LayerNorm gains. With head_lr_scale the scalar head gets its own group at lr * it, no
-    decay: PPO's value head starts at zero and must catch up with the returns."""
-    head = set(model.score_head.parameters()) if head_lr_scale and model.score_head else set()
-    params = [p for p in model.parameters() if p.requires_grad and p not in head]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    if head:
-        groups.append({"params": list(head), "weight_decay": 0.0, "lr_scale": head_lr_scale})
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.99), fused=True)  # one kernel
-
-
-def optimizer_step(model, opt, loss, lr, grad_clip):
-    """After the caller's backward (loss: its total): sum the gradients over DDP ranks, refuse a
-    NaN/inf (FloatingPointError naming the tensor), clip, step at lr (times a group's lr_scale).
-    Returns the gradient norm before clipping."""
-    for g in opt.param_groups:
-        g["lr"] = lr * g.get("lr_scale", 1.0)
-    sync_grads(model)  # each rank divides by the global counts: the sum is the batch's
-    params = [p for p in model.parameters() if p.grad is not None]
-    gnorm = torch.nn.utils.get_total_norm([p.grad for p in params])
-    if not (torch.isfinite(loss) and torch.isfinite(gnorm)):  # the loss, else the first gradient
-        grads = ((n, p.grad) for n, p in model.named_parameters() if p.grad is not None)
-        bad = next((f"gradient of {n}" for n, g in grads if not torch.isfinite(g).all()), "")
-        raise FloatingPointError(bad if torch.isfinite(loss) else f"loss ({loss.item()})")
-    torch.nn.utils.clip_grads_with_norm_(params, grad_clip or math.inf, gnorm)
-    opt.step()
-    return gnorm
-
-
 def supervised_update(cfg, model, opt, state, stats, n_tok):
     """sft.py's and reward_model.py's step after their backward: this rank's stats (the loss
     first) and tokens summed over ranks, the optimizer step at this step's lr -> (the stats,
     with lr and gradient norm, every rank's tokens)."""
     total = all_reduce([float(v) for v in stats.values()] + [n_tok]).tolist()  # rank sums
     lr = lr_at(state.step, cfg)
+    sync_grads(model)  # each rank divides by the global counts: the sum is the batch's
     gnorm = optimizer_step(model, opt, torch.tensor(total[0]), lr, cfg.grad_clip)
     return {**dict(zip(stats, total)), "train/lr": lr, "train/grad_norm": gnorm.item()}, total[-1]
 
@@ -184,13 +155,6 @@ def save(cfg, name, model, opt, run_config, state, tok, rank_state=None, **extra
         save_checkpoint(os.path.join(cfg.out_dir, name), model, opt, run_config, state.step, tok,
                         **{k: v for k, v in asdict(state).items() if k != "step"},
                         **({"ranks": ranks} if rank_state else {}), **extra)
-
-
-def add_stats(stats, part, w):
-    """A micro-batch's stats into the batch's, weighted by w; a maximum stays the largest."""
-    for k, v in part.items():
-        top = k in ("ratio_max", "logp_mismatch")
-        stats[k] = max(stats.get(k, -1e30), float(v)) if top else stats.get(k, 0.0) + float(v) * w
 
 
 def truncate_metrics(path, step):

@@ -6,6 +6,7 @@ seeded by step, so a resume replays it). Whenever mu can differ from the trainer
 recomputed by the trainer (Rollout.old_logp; mu stays in .mu), the ratio is anchored at it, and
 --rollout_is / --decoupled weigh each token's advantage by pi_old / mu (losses.rollout_weights).
 """
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -29,7 +30,7 @@ class Flags:  # rl.py's flags of the lab
 
 
 def check(cfg, algo):
-    """The lab's settings against the row: a one-line error where they do not fit."""
+    """The lab's settings against the algorithm: a one-line error where they do not fit."""
     if cfg.staleness < 0:
         raise UserError(f"staleness must be >= 0, got {cfg.staleness}")
     if cfg.rollout_is not in KINDS:
@@ -46,6 +47,46 @@ def check(cfg, algo):
                         "--rollout_is=none")
     if algo.ratio == "sequence" and (cfg.rollout_is in ("tis", "icepop") or cfg.decoupled):
         raise UserError(f"{cfg.loss} weighs whole sequences: only --rollout_is=seq_tis fits it")
+    if cfg.sampler_bf16 and algo.family != "pg":
+        raise UserError(f"--sampler_bf16 measures the sampler's gap to pi_old; {cfg.loss} has "
+                        "no pi_old")
+
+
+def on(cfg):
+    """Whether the lab is open: a stale or bf16 rollout (pi_old recomputed) or a correction."""
+    return any((cfg.staleness, cfg.sampler_bf16, cfg.bf16, cfg.decoupled, cfg.rollout_is != "none"))
+
+
+class Lab:
+    """rl.py's step (rl.pg_step) in the lab: it trains on the rollout of k = --staleness steps ago
+    (queued; none while the queue fills; a sampler's in bf16 with --sampler_bf16), pi_old
+    recomputed by the trainer wherever mu may differ, and the capped share of --rollout_is's or
+    --decoupled's weights measured (offpolicy.weighed applies them to the advantages)."""
+
+    def __init__(self, step, collect):
+        self.step, self.collect = step, collect  # rl.py's
+
+    def __call__(self, cfg, algo, run, lr, gen, given=None):
+        fresh, rollout = {}, given  # fresh: this step's own sampling stats, under --staleness
+        if rollout is None:  # sampled here (the async sampler and a replay bring their own)
+            dev = next(run.model.parameters()).device  # a bf16 sampler, or the run's precision
+            with torch.autocast(dev.type, torch.bfloat16) if cfg.sampler_bf16 else nullcontext():
+                rollout = self.collect(cfg, algo, run, gen)
+            if cfg.staleness:  # the rollout of k steps ago, or (None, {})
+                fresh = run.ranks.mean(rollout[1])
+                rollout = stale(run.queue, *rollout, cfg.staleness)
+        batch, lab = rollout[0], {}
+        if not run.ranks.reduce(float(batch is None), "max").item():  # the step updates
+            if cfg.staleness or cfg.sampler_bf16 or cfg.bf16:  # mu is not the trainer's pi_old
+                lab = recompute(run.model, batch, cfg)
+            if cfg.rollout_is != "none" or cfg.decoupled:
+                lab["rl/is_capped_frac"] = losses.rollout_weights(
+                    batch.old_logp, batch.mu, batch.mask, kind(cfg))[1].item()
+        return {**self.step(cfg, algo, run, lr, gen, rollout), **run.ranks.mean(lab), **fresh}
+
+
+def kind(cfg):
+    return "decoupled" if cfg.decoupled else cfg.rollout_is
 
 
 @torch.no_grad()
@@ -53,7 +94,7 @@ def recompute(model, batch, cfg):
     """pi_old, the trainer's log-probs of a rollout that mu sampled, into batch.old_logp -> the gap
     |sum_t (log pi_old - log mu)| per sequence, its mean and max."""
     batch.old_logp = logprobs(model, batch.ids, batch.offsets, batch.mask, cfg.temperature,
-                         max_rows=cfg.micro_batch_size)[0]
+                              max_rows=cfg.micro_batch_size)[0]
     gap = losses.masked_sum(batch.old_logp - batch.mu, batch.mask, 1).abs()  # (N,)
     return {"rl/old_mu_seq_mean": gap.mean().item(), "rl/old_mu_seq_max": gap.max().item()}
 
@@ -64,13 +105,13 @@ def stale(queue, batch, stats, staleness):
     return queue.popleft() if len(queue) > staleness else (None, {})
 
 
-def weigh(adv, batch, cfg, algo, stats):
-    """The advantages times the weights of --rollout_is or --decoupled -> (adv, stats with
-    the capped share); a sequence-ratio row takes seq_tis's one weight per row."""
-    kind = "decoupled" if cfg.decoupled else cfg.rollout_is
-    w, cut = losses.rollout_weights(batch.old_logp, batch.mu, batch.mask, kind)
-    if algo.ratio == "sequence":
-        adv = adv * w[:, 0]  # (B,)
-    else:
-        adv = (adv[:, None] if adv.dim() == 1 else adv) * w  # (B, T)
-    return adv, {**stats, "rl/is_capped_frac": cut.item()}
+def weighed(stage):
+    """rl.py's advantage stage, its advantages times --rollout_is's or --decoupled's weights
+    (losses.rollout_weights); a sequence-ratio algorithm takes seq_tis's one weight per row."""
+    def weighed_advantages(cfg, algo, run, batch):
+        adv, inputs = stage(cfg, algo, run, batch)
+        w = losses.rollout_weights(batch.old_logp, batch.mu, batch.mask, kind(cfg))[0]  # (N, L)
+        if algo.ratio == "sequence":
+            return adv * w[:, 0], inputs  # (N,)
+        return (adv[:, None] if adv.dim() == 1 else adv) * w, inputs  # (N, L)
+    return weighed_advantages

@@ -1,13 +1,13 @@
 """
 Preference optimisation (DPO, IPO, KTO; SimPO and ORPO without a reference) and the supervised
 baselines (sft: continued SFT on gold answers; rft: rejection-sampling fine-tuning on the
-verified-correct samples), opened by the rows of family pref and sft:
+verified-correct samples), opened by the algorithms of family pref and sft:
 
     python rl.py --loss=dpo                 # offline pairs from data/<task>/pairs_train.jsonl
     python rl.py --loss=kto --pairs=online  # a right and a wrong answer sampled from the policy
     python rl.py --loss=rft                 # does RL beat plain supervised training?
 
-A step's data becomes (prompt ids, answer ids) rows, and the rows become the row's loss.
+A step's data becomes (prompt ids, answer ids) rows, and the rows become the algorithm's loss.
 Their losses (losses.py: dpo_loss, kto_loss, simpo_loss, orpo_loss, nll_loss) take (B,) sums
 of response log-probs, the policy's (with grad) and the reference's.
 """
@@ -20,16 +20,16 @@ import torch
 
 from data.tasks import (ALPHABET, DATA_DIR, DATA_SEED, TASKS, DataError, compute, ensure_data,
                         labelled, problems_of, read_jsonl, split_pairs, write)
-from losses import nll_loss
-from model import logprobs
+from losses import add_stats, nll_loss
+from model import logprobs, optimizer_step, responses
 from nanorl.config import UserError
 from nanorl.ddp import all_reduce, world_size
-from nanorl import loop
-from nanorl.rows import pack, record_rows, responses
+from nanorl.rows import pack, record_rows
+from verify import episode_return
 
 
 @dataclass
-class Flags:  # rl.py's flags of the preference rows
+class Flags:  # rl.py's flags of the preference algorithms
     pairs: str = "offline"  # from the data files, or "online": from the policy's samples
     pairs_per_step: int = 256  # offline pairs per step (kto: 2x answers; sft: gold rows)
 
@@ -97,14 +97,14 @@ def check(cfg, algo):
     if cfg.pairs not in ("offline", "online"):
         raise UserError(f"pairs must be offline or online, got {cfg.pairs}")
     if cfg.pairs == "online" and algo.family != "pref":
-        raise UserError(f"--pairs picks a preference row's data; {cfg.loss} has no pairs")
+        raise UserError(f"--pairs picks a preference algorithm's data; {cfg.loss} has no pairs")
     if cfg.pairs == "online" and not cfg.dynamic_sampling:
         raise UserError("online pairs keep only groups with a right and a wrong answer: dynamic "
                         "sampling is always on for them (drop --dynamic_sampling=false)")
 
 
 def offline(cfg, algo):
-    """Whether the row trains on a step's worth of data files rather than on fresh samples."""
+    """Whether the algorithm trains on a step's worth of data files rather than on fresh samples."""
     return algo.data == "gold" or algo.family == "pref" and cfg.pairs == "offline"
 
 
@@ -129,7 +129,7 @@ def step(cfg, algo, run, batch, lr):
     task = run.task
     if offline(cfg, algo):
         n = cfg.pairs_per_step // world_size() * (2 if algo.data == "labels" else 1)
-        items = [task.train[i] for i in run.prompts.take(n)]
+        items = [task.train[i] for i in run.prompts.draw(n)]
         rows, labels = (task.gold_rows(items), None) if algo.data == "gold" \
             else record_rows(task.tok, items, task.reverse)
     else:
@@ -139,20 +139,21 @@ def step(cfg, algo, run, batch, lr):
     run.opt.zero_grad()
     loss, stats = rows_loss(run.compiled, run.ref, task.tok.pad_id, rows, labels, algo, run.hp,
                             cfg.micro_batch_size)
-    gnorm = loop.optimizer_step(run.model, run.opt, loss, lr, cfg.grad_clip)
+    run.ranks.sync(run.model)  # each rank divided by the global counts: the sum is the batch's
+    gnorm = optimizer_step(run.model, run.opt, loss, lr, cfg.grad_clip)
     return {**stats, "rl/loss": loss.item(), "rl/grad_norm": gnorm.item(), "rl/lr": lr}
 
 
 def rollout_rows(batch, algo, G):
     """A rollout -> (rows, labels): rft keeps the verified-correct samples (a score of 1, as
-    accuracy counts it: partial credit is not correct); a pair row takes each group's best and
+    accuracy counts it: partial credit is not correct); a pair algorithm takes each group's best and
     worst sample by episode return, the score plus an environment's turn rewards (what dynamic
     sampling tests: it kept only groups whose returns differ): chosen rows, then rejected rows,
     and KTO's labels mark the chosen half desirable."""
     if algo.data == "samples":
         picked = (batch.score == 1).nonzero().flatten().tolist()
     else:
-        ret = batch.episode_return().view(-1, G).cpu()  # (groups, G)
+        ret = episode_return(batch.score, batch.turn_rewards).view(-1, G).cpu()  # (groups, G)
         first = torch.arange(ret.size(0)) * G  # (groups,) each group's first row
         picked = (first + ret.argmax(1)).tolist() + (first + ret.argmin(1)).tolist()
     resp, P = responses(batch), batch.ids.size(1) - batch.mask.size(1)
@@ -202,12 +203,12 @@ def rows_loss(model, ref, pad_id, rows, labels, algo, hp, max_rows=None):
         part.backward()
         loss += part.detach()
         w = 1 if algo.family == "sft" else len(unit) / n  # sft's stats add up, others average
-        loop.add_stats(stats, part_stats, w)
+        add_stats(stats, part_stats, w)
     return loss, {**stats, "rl/n_seqs": len(rows)}
 
 
 def unit_loss(algo, hp, lp, m, idx, ref_lp, length, labels, total):
-    """The row's loss of some units (their rows idx, log-probs lp and mask m (r, L)), as its
+    """The algorithm's loss of some units (their rows idx, log-probs lp and mask m (r, L)), as its
     share of the batch's mean over `total` units (tokens for sft, rft) -> (loss, stats)."""
     if algo.family == "sft":  # the per-token NLL of the answers, at temperature 1
         loss, part_stats = nll_loss(lp, m, n_tokens=total)

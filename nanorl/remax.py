@@ -1,4 +1,4 @@
-"""ReMax's greedy baseline (Li et al. 2023, arXiv 2310.10505), opened by the rows that need
+"""ReMax's greedy baseline (Li et al. 2023, arXiv 2310.10505), opened by the algorithms that need
 "greedy": each prompt's greedy answer, sampled in the same step and rewarded like the samples,
 is the baseline of its G rows: A_i = R_i - R(greedy)."""
 import torch

@@ -14,9 +14,9 @@ weights that sampled it), rank, group and row (counted over the ranks), prompt a
 model reads them, reversed (its numbers are least-significant digit first), prompt_normal and
 response_normal (as a person reads them), score, reward, turns, truncated, and per response token
 its text, role (policy or env: the environment's tokens), mu, old (pi_old), ref (the reference's
-log-prob, when the row has a KL term, else null), adv, turn_reward and (async) version.
+log-prob, when the algorithm has a KL term, else null), adv, turn_reward and (async) version.
 step_<s>.pt holds those rows as each rank's Rollout, with the sampling stats of that rollout (its
-own, also when --staleness or async trains on an older one), the row's --loss and the facts a
+own, also when --staleness or async trains on an older one), the algorithm (--loss) and the facts a
 replay must share (facts()). In a log of every group of every step (--log_rollouts=-1
 --log_every=1, the one a replay takes) a step that made no update (every group flat, the stale
 queue still filling) has its files too, without rows. Both are written to a temporary name and
@@ -26,11 +26,11 @@ a logged step, 0.5 MB over a 300-step run (bench/README.md).
 
 --replay=DIR: step s trains on DIR's step_<s>.pt instead of sampling, each rank on its own rows:
 the log of every group of every step (--log_rollouts=-1 --log_every=1) of a run with this one's
-facts, and, for a row whose advantage reads what its own sampling computes (COLUMNS), of a run of
-that advantage; one line names the first thing that does not fit. From the same SFT checkpoint this
-gives the logged run's weights bit for bit (the update's own random numbers aside: --minibatches >
-1, Clip-/KL-Cov); with another --loss or knob, the same data under another update, its ratio
-anchored at the logged policy's pi_old.
+facts, and, for an algorithm whose advantage reads what its own sampling computes (SAMPLED), of
+a run of that advantage; one line names the first thing that does not fit. From the same SFT
+checkpoint this gives the logged run's weights bit for bit (the update's own random numbers
+aside: --minibatches > 1, Clip-/KL-Cov); with another --loss or knob, the same data under
+another update, its ratio anchored at the logged policy's pi_old.
 """
 import json
 import os
@@ -40,14 +40,14 @@ import torch
 import torch.distributed as dist
 
 import losses
-from data.tasks import atomic_write, format_prompt
+from data.tasks import atomic_write, flip_numbers
 from nanorl import rows
 from nanorl.config import UserError
 from nanorl.ddp import gather_objects
 
-# what a row's advantage reads that its own sampling computed (the Rollout's column): replayed,
-# it needs a log of a row of the same advantage
-COLUMNS = {"first_wrong": "first_wrong, CLIFF's first wrong token",
+# what an algorithm's advantage reads that its own sampling computed (a Rollout field): replayed,
+# it needs a log of an algorithm of the same advantage
+SAMPLED = {"first_wrong": "first_wrong, CLIFF's first wrong token",
            "greedy": "baseline, ReMax's greedy answer's reward",
            "vine": "values, VinePPO's branch values", "step_group": "states, GiGPO's turn states"}
 
@@ -71,28 +71,28 @@ def facts(cfg, run, world):
             "tokenizer": run.task.tok.to_dict(), "model": shape}
 
 
-def replay(cfg, algo, run, world, rank, train):
-    """--replay (set) -> the step function that trains (rl.train) on the logged rollouts
+def replay(cfg, algo, run, world, rank, step):
+    """--replay (set) -> the step function that trains (rl.py's step) on the logged rollouts
     instead of sampling, or one line where the log does not fit the run."""
     if algo.family != "pg" or cfg.staleness or cfg.async_rollouts:
-        raise UserError("--replay trains a policy-gradient row on what each logged step trained "
-                        "on: it needs --staleness=0 and no --async_rollouts")
+        raise UserError("--replay trains a policy-gradient algorithm on what each logged step "
+                        "trained on: it needs --staleness=0 and no --async_rollouts")
     if not os.path.isdir(cfg.replay):
         raise UserError(f"--replay: no folder {cfg.replay} (a run's out_dir/rollouts)")
-    return Replay(cfg.replay, facts(cfg, run, world), rank, train)
+    return Replay(cfg.replay, facts(cfg, run, world), rank, step)
 
 
 def path(folder, step, ext):
     return os.path.join(folder, f"step_{step:06d}.{ext}")
 
 
-def records(task, batch, adv, ref_lp, step, version, G):
+def records(task, batch, adv, step, version, G):
     """The logged rows of a Rollout -> one JSON-ready dict each (see the module's docstring)."""
     N, L = batch.mask.shape
     P = batch.ids.size(1) - L
     adv = adv[:, None].expand(N, L) if adv.dim() == 1 else adv  # (N, L)
     turn_rewards = torch.zeros(N, L) if batch.turn_rewards is None else batch.turn_rewards
-    fields = {"mu": batch.mu, "old": batch.old_logp, "ref": ref_lp, "adv": adv,
+    fields = {"mu": batch.mu, "old": batch.old_logp, "ref": batch.ref_logp, "adv": adv,
               "turn_reward": turn_rewards, "version": batch.version}  # version: async's only
     # each (N, L) field as lists once, not an .item() a token; ref None without a KL term
     lists = {k: v.tolist() for k, v in fields.items() if v is not None}
@@ -105,7 +105,7 @@ def records(task, batch, adv, ref_lp, step, version, G):
         prompt, response = tok.decode(ids[int(batch.offsets[r]):P]), tok.decode(resp)
         out.append({"step": step, "version": version, "group": r // G, "row": r,
                     "prompt": prompt, "response": response, "reversed": task.reverse,
-                    "prompt_normal": format_prompt(prompt, task.reverse),
+                    "prompt_normal": flip_numbers(prompt, task.reverse),
                     "response_normal": task.normal_order(response), "score": batch.score[r].item(),
                     "reward": batch.reward[r].item(),
                     "turns": None if batch.turns is None else int(batch.turns[r]),
@@ -113,19 +113,30 @@ def records(task, batch, adv, ref_lp, step, version, G):
     return out
 
 
-def write(cfg, run, batch, stats, adv, ref_lp):
-    """The rollout step s trained on (None: it made no update) and the sampling stats of that
-    rollout, on every rank -> out_dir/rollouts/step_<s>.jsonl and .pt (rank 0 writes): the first
-    --log_rollouts groups (negative: all) over the ranks' rows in rank order."""
-    step, G = run.state.step + 1, cfg.group_size
+def due(step, cfg, batch):
+    """Whether step s (just taken, with its config and the rollout it trained on, or None) is
+    logged: step 1 and every --log_every-th; one without an update only in a replayable log
+    (every group, every step)."""
+    if not cfg.log_rollouts or step != 1 and step % cfg.log_every:  # not a logged step
+        return False
+    return batch is not None or cfg.log_rollouts < 0 and cfg.log_every == 1  # a replayable log
+
+
+def write(run, cfg, batch, stats, adv):
+    """The rollout step s (run.state.step, just taken, with cfg: its config) trained on (None: it
+    made no update) and the sampling stats of that rollout, on every rank ->
+    out_dir/rollouts/step_<s>.jsonl and .pt (rank 0 writes): the first --log_rollouts groups
+    (negative: all) over the ranks' rows in rank order. The reference's log-probs go in the
+    records, not in the rows a replay trains on (its own algorithm computes its own)."""
+    step, G = run.state.step, cfg.group_size
     N = 0 if batch is None else len(batch.ids)
     n = N if cfg.log_rollouts < 0 else min(N, cfg.log_rollouts * G)  # this rank's rows to send
     mine = {"rows": N, "stats": stats, "records": [], "batch": None}
     if n:
-        part, version = rows.take(batch, torch.arange(n)), max(0, step - 1 - cfg.staleness)
-        mine["records"] = records(run.task, part, adv[:n], None if ref_lp is None else
-                                  ref_lp[:n], step, version, G)
-        mine["batch"] = {k: v.cpu() for k, v in rows.to_dict(part).items()}
+        part = rows.Rollout(**{k: v[:n] for k, v in rows.to_dict(batch).items()})
+        version = max(0, step - 1 - cfg.staleness)
+        mine["records"] = records(run.task, part, adv[:n], step, version, G)
+        mine["batch"] = {k: v.cpu() for k, v in rows.to_dict(part).items() if k != "ref_logp"}
     ranks = gather_objects(mine)  # every rank's, in rank order
     if dist.is_initialized() and dist.get_rank():
         return
@@ -176,8 +187,8 @@ def load(file):
 class Replay:
     """rl.py's step under --replay: train on step s's logged rollout of this rank."""
 
-    def __init__(self, folder, facts, rank, train):
-        self.folder, self.facts, self.rank, self.train = folder, facts, rank, train
+    def __init__(self, folder, facts, rank, step):
+        self.folder, self.facts, self.rank, self.step = folder, facts, rank, step  # rl.py's
         steps = [int(f[5:11]) for f in os.listdir(folder) if f.startswith("step_") and
                  f.endswith(".pt")]
         if not steps:
@@ -203,16 +214,16 @@ class Replay:
         self.check(file, d, cfg, algo)
         mine, dev = d["ranks"][self.rank], next(run.model.parameters()).device
         batch = rows.from_dict(mine["batch"], dev)
-        return self.train(cfg, algo, run, batch, mine["stats"], lr, gen)
+        return self.step(cfg, algo, run, lr, gen, (batch, mine["stats"]))
 
     def check(self, file, d, cfg, algo):
         """One line for the first fact the logged run does not share with this one, or a column
-        this row reads that the logged row's sampling did not compute."""
+        this algorithm reads that the logged algorithm's sampling did not compute."""
         for key, want in self.facts.items():  # a fact an older log lacks: None
             if d["facts"].get(key) != want:
                 raise UserError(f"--replay: {file} was logged with {key} "
                                 f"{d['facts'].get(key)!r}; this run has {want!r}")
         logged = losses.ALGOS[d["loss"]].advantage if d["loss"] in losses.ALGOS else None
-        if algo.advantage in COLUMNS and logged != algo.advantage:
-            raise UserError(f"--replay: {cfg.loss} reads {COLUMNS[algo.advantage]}, which its "
+        if algo.advantage in SAMPLED and logged != algo.advantage:
+            raise UserError(f"--replay: {cfg.loss} reads {SAMPLED[algo.advantage]}, which its "
                             f"own sampling computes; {file} is a {d['loss']} run's")

@@ -1,13 +1,10 @@
-"""Rows: the Rollout record rl.py trains on, prompts and gold answers as token ids, sampled
-responses, packed (prompt, answer) rows, a record's rows joined or taken, and the prompt sampler
-that feeds rl.py."""
+"""Rows: the Rollout record rl.py trains on (and the dict a checkpoint or a pipe carries), prompts
+and gold answers as token ids, and packed (prompt, answer) rows."""
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-from data.tasks import format_answer, format_prompt
-from model import seeded
+from data.tasks import format_answer, flip_numbers
 
 
 @dataclass
@@ -30,10 +27,7 @@ class Rollout:  # N = prompts x G samples, responses aligned at 0
     invalid: torch.Tensor = None  # (N,) the turns it could not take
     version: torch.Tensor = None  # (N, L) async: each token's policy version
     states: torch.Tensor = None  # (N, L) GiGPO: the state each turn starts from (an id)
-
-    def episode_return(self):
-        """(N,) the score plus the turns' rewards: the reward without shaping."""
-        return self.score if self.turn_rewards is None else self.score + self.turn_rewards.sum(1)
+    ref_logp: torch.Tensor = None  # (N, L) the frozen reference's log-probs, with a KL term
 
 
 def to_dict(batch):
@@ -47,23 +41,13 @@ def from_dict(d, dev):
 
 def encode_prompts(tok, prompts, reverse):
     """Normal-order prompt strings -> the token ids the model reads."""
-    return [tok.encode(format_prompt(p, reverse)) for p in prompts]
+    return [tok.encode(flip_numbers(p, reverse)) for p in prompts]
 
 
 def gold_rows(tok, problems, reverse):
     """[(prompt, answer)] in normal order -> [(prompt ids, answer ids + EOS)]."""
     answers = [tok.encode(format_answer(a, reverse)) + [tok.eos_id] for _, a in problems]
     return list(zip(encode_prompts(tok, [p for p, _ in problems], reverse), answers))
-
-
-def responses(out):
-    """The response ids of each row (the environment's too, EOS included, padding cut) of a
-    `generate` result or of a Rollout (ids (N, P+L), lengths (N,))."""
-    if isinstance(out, dict):
-        ids, P, n = out["ids"], out["prompt_len"], out["response_mask"].sum(1)
-    else:
-        ids, P, n = out.ids, out.ids.size(1) - out.mask.size(1), out.length
-    return [r[P:P + int(k)] for r, k in zip(ids.tolist(), n.tolist())]
 
 
 def record_rows(tok, recs, reverse):
@@ -89,58 +73,3 @@ def pack(rows, pad_id, left=False):
         ids[i, k:k + len(p) + len(r)] = torch.tensor(p + r)
         mask[i, k + len(p):k + len(p) + len(r)] = torch.tensor(m[0] if m else [1] * len(r))
     return ids, torch.tensor(pads), mask[:, P:]
-
-
-def cat(parts):
-    """One record (a dataclass of per-row tensors such as Rollout) from several: the ids'
-    prompts left-padded to the longest (offsets follow), every (N, L) field right-padded."""
-    P = max(p.ids.size(1) - p.mask.size(1) for p in parts)
-    T = max(p.mask.size(1) for p in parts)
-
-    def fit(p, k, v):  # a part's field, laid out as the joined record's
-        left, right = P - (p.ids.size(1) - p.mask.size(1)), T - p.mask.size(1)
-        if k == "ids":
-            return F.pad(v, (left, right))
-        return v + left if k == "offsets" else F.pad(v, (0, right)) if v.dim() == 2 else v
-    return type(parts[0])(**{k: None if v is None else torch.cat([fit(p, k, getattr(p, k))
-                                                                  for p in parts])
-                             for k, v in vars(parts[0]).items()})
-
-
-def take(record, rows):
-    """The record of these rows (a bool mask (N,) or indices) of a record."""
-    return type(record)(**{k: None if v is None else v[rows] for k, v in vars(record).items()})
-
-
-class PromptSampler:
-    """Epochs over n prompts, each in the order seeded by (key, epoch). With selection on, a
-    prompt whose group was all right or all wrong at its last visit is skipped once."""
-
-    def __init__(self, n, key, selection):
-        self.n, self.key, self.selection = n, key, selection
-        self.load_state_dict({"epoch": 0, "pos": 0, "saturated": []})
-
-    def take(self, k):
-        out = []
-        while len(out) < k:
-            if self.pos >= self.n:  # the next epoch, in its own order
-                self.load_state_dict({"epoch": self.epoch + 1, "pos": 0,
-                                      "saturated": self.saturated})
-            i = self.order[self.pos]
-            self.pos += 1
-            if self.selection and i in self.saturated:
-                self.saturated.discard(i)
-            else:
-                out.append(i)
-        return out
-
-    def record(self, idx, flat):
-        """flat (len(idx),): the groups without signal, as dynamic sampling tests it."""
-        self.saturated |= {i for i, f in zip(idx, flat.tolist()) if f}
-
-    def state_dict(self):
-        return {"epoch": self.epoch, "pos": self.pos, "saturated": sorted(self.saturated)}
-
-    def load_state_dict(self, s):
-        self.epoch, self.pos, self.saturated = s["epoch"], s["pos"], set(s["saturated"])
-        self.order = torch.randperm(self.n, generator=seeded("cpu", self.key, self.epoch)).tolist()

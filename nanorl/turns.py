@@ -13,7 +13,7 @@ an Env's optional state()).
 """
 import torch
 
-from model import generate
+from model import generate, responses
 from nanorl import rows
 from nanorl.config import UserError
 
@@ -56,7 +56,7 @@ def credit(cfg, algo, run, batch, idx, flat, gen):
     task, G, L = run.task, cfg.group_size, batch.mask.size(1)
     problems = [task.train[i] for i, f in zip(idx, flat.tolist())
                 if not (f and cfg.dynamic_sampling)]  # one a group, as the batch's rows
-    ids, acts = rows.responses(batch), batch.mask.tolist()
+    ids, acts = responses(batch), batch.mask.tolist()
     episodes = task.episodes(problems, G)  # fresh environments (None without one)
     turns = [episodes.retake(r, i, a) if episodes else [(0, None)]
              for r, (i, a) in enumerate(zip(ids, acts))]  # [(start, state)] a row
@@ -128,7 +128,7 @@ def branch(cfg, run, problems, wanted, acts, gen):
                            episodes=episodes, budget=budget.repeat_interleave(n).to(gen.device))
             act = out["action_mask"][:, out["prompt_len"]:].tolist()
             score = [task.score(i, a, problems[part[q // n][0]], episodes, q)
-                     for q, (i, a) in enumerate(zip(rows.responses(out), act))]
+                     for q, (i, a) in enumerate(zip(responses(out), act))]
             ret = torch.tensor(score)  # (len(part) n,) the score and the turns' rewards
             ret += out["turn_rewards"].sum(1).cpu() if episodes else 0.0
             returns.update(zip(part, ret.view(-1, n).tolist()))

@@ -42,7 +42,7 @@ def surprising(tok):
     return tok["role"] == "policy" and (tok["mu"] < SURPRISE_MU or gap > SURPRISE_GAP)
 
 
-def shown(text):
+def printable(text):
     """Text from the log as the terminal prints it: a newline as \\n and every other character a
     terminal could act on (ESC, BEL, CR, U+2028, ...) as its Python escape (\\x1b, \\u2028), so
     a run's prompts and tokens never set the window's title, move the cursor or clear the screen."""
@@ -50,8 +50,8 @@ def shown(text):
 
 
 def paint(tok, color):
-    """One token as the terminal shows it: its text shown(), then the viewer's own colours."""
-    text = shown(tok["text"])
+    """One token as the terminal shows it: its text printable(), then the viewer's own colours."""
+    text = printable(tok["text"])
     if not color:
         return f"[{text}]" if tok["role"] == "env" else text
     adv = tok["adv"]
@@ -69,29 +69,29 @@ def read(file):
 
 
 def show(records, color=True):
-    """A step's records, group by group. Every line from the log passes shown() (its prompts
+    """A step's records, group by group. Every line from the log passes printable() (its prompts
     already as repr), so only the viewer's colours reach the terminal."""
     groups = {}
     for r in records:
         groups.setdefault(r["group"], []).append(r)
     if any(r.get("reversed") for r in records):  # a log written before the key: not reversed
-        print(shown(f"step {records[0]['step']}: {DIGITS}"))
+        print(printable(f"step {records[0]['step']}: {DIGITS}"))
     for g, rows in groups.items():
         rewards = " ".join(f"{r['reward']:.2f}" for r in rows)
         first = rows[0]
         normal = f" ({first['prompt_normal']!r})" if first.get("reversed") else ""
-        print(shown(f"step {first['step']} (version {first['version']}) group {g}: "
+        print(printable(f"step {first['step']} (version {first['version']}) group {g}: "
                     f"{first['prompt']!r}{normal}  rewards {rewards}"))
         for r in rows:
             turns = "" if r["turns"] is None else f" turns {r['turns']}"
             cut = " truncated" if r["truncated"] else ""
-            head = shown(f"  reward {r['reward']:+.3f} score {r['score']:.2f}{turns}{cut} | ")
+            head = printable(f"  reward {r['reward']:+.3f} score {r['score']:.2f}{turns}{cut} | ")
             line = "".join(paint(t, color) for t in r["tokens"])
             if r.get("reversed"):
-                line += shown(f" ({r['response_normal']!r})")
+                line += printable(f" ({r['response_normal']!r})")
             print(head + line)
             for t in (t for t in r["tokens"] if surprising(t)):
-                print(shown(f"      surprising {t['text']!r}: mu {t['mu']:.2f} "
+                print(printable(f"      surprising {t['text']!r}: mu {t['mu']:.2f} "
                             f"pi_old {t['old']:.2f} adv {t['adv']:+.3f}"))
 
 

@@ -1,4 +1,4 @@
-"""rl.advantages on small hand-made batches, against loops written from the papers' formulas: each loss's
+"""rl.advantages_of on small hand-made batches, against loops written from the papers' formulas: each loss's
 group advantage kind, CLIFF's token advantages, GAPO's group counts, REINFORCE/RLOO's KL in the reward and
 PPO's token rewards -> GAE -> whitened advantages and returns."""
 import math
@@ -8,12 +8,13 @@ import torch
 
 import losses as L
 import rl
+from tests.test_rl import lone
 
 P, T = 2, 4  # prompt length (response_mask spans prompt + response; the losses see [:, P:]), response length
 
 
 def _batch(reward, lengths, logps=None, **kw):
-    """A rollout as rl.collect returns it, with only the fields rl.advantages reads."""
+    """A rollout as rl.collect returns it, with only the fields the advantages read."""
     mask = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])  # (N, T) the response tokens
     lp = torch.zeros(mask.shape) if logps is None else logps
     return rl.rows.Rollout(torch.zeros(len(lengths), P + T, dtype=torch.long), torch.zeros(len(lengths)), mask, lp,
@@ -21,7 +22,9 @@ def _batch(reward, lengths, logps=None, **kw):
 
 
 def advantages(loss, G, batch, hp, ref_logp):
-    return rl.advantages(rl.Config(loss=loss, group_size=G), L.ALGOS[loss], hp, batch, ref_logp)
+    """rl.advantages_of the algorithm, on a batch with the reference's log-probs given."""
+    batch.ref_logp, algo = ref_logp, L.ALGOS[loss]
+    return rl.advantages_of(algo, hp)(rl.Config(loss=loss, group_size=G), algo, lone(hp), batch)
 
 
 def _pad(rows, junk):

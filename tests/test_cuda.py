@@ -16,7 +16,7 @@ from data.tasks import ALPHABET
 from model import GPT, GPTConfig, generate, logprobs, response_forward, seeded
 from nanorl.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nanorl.evaluate import load_policy
-from nanorl.loop import adamw
+from model import adamw
 from test_rl import run, sft_ckpt, varied_reward  # noqa: F401 (fixtures)
 from tokenizer import CharTokenizer
 

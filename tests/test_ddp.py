@@ -16,7 +16,8 @@ import losses as L
 from nanorl import pref
 import rl
 from model import GPT, GPTConfig, generate
-from nanorl.loop import adamw, optimizer_step
+from model import adamw, optimizer_step
+from nanorl.ddp import sync_grads
 from test_rl import ROOT, make_run, sft_ckpt  # noqa: F401 (fixture)
 from tokenizer import CharTokenizer
 
@@ -54,13 +55,12 @@ def one_update(model, tok, batch, loss, sgd=True, **kw):
         row, ref = L.ALGOS[loss if loss == "dpo" else "rft"], copy.deepcopy(model).requires_grad_(False)
         rows, labels = pref.rollout_rows(batch, row, G)
         loss, _ = pref.rows_loss(model, ref, tok.pad_id, rows, labels, row, L.resolve_hparams(row_name(row)))
+        sync_grads(model)
         optimizer_step(model, opt, loss, 1.0, cfg.grad_clip)
         return opt
     run, b = make_run(cfg, model), copy.copy(batch)
     run.opt = opt
-    ref_lp, adv, inputs, _ = rl.prepare(cfg, L.ALGOS[loss], run, b)
-    rl.update(cfg, L.ALGOS[loss], run, b, 1.0 if sgd else 1e-2, torch.Generator().manual_seed(0), adv=adv,
-              inputs=inputs, ref_lp=ref_lp)
+    rl.pg_step(cfg, L.ALGOS[loss], run, 1.0 if sgd else 1e-2, torch.Generator().manual_seed(0), (b, {}))
     return opt
 
 
@@ -85,12 +85,12 @@ def ddp_worker(rank, world, port, out_dir):
     init_distributed(torch.device("cpu"), timeout_s=60)
     for name, loss, owner, kw in CASES:
         model, tok, batch = rollout_batch()
-        one_update(model, tok, rl.rows.take(batch, (torch.tensor(owner) == rank).repeat_interleave(G)), loss, **kw)
+        one_update(model, tok, rl.take(batch, (torch.tensor(owner) == rank).repeat_interleave(G)), loss, **kw)
         if rank == 0:
             torch.save(model.state_dict(), os.path.join(out_dir, f"{name}.pt"))
     # minibatches=3 on 12 rows and on 4: each rank takes exactly 3 optimizer steps, the same ones
     model, tok, batch = rollout_batch()
-    opt = one_update(model, tok, rl.rows.take(batch, (torch.tensor([0, 0, 0, 1]) == rank).repeat_interleave(G)), "grpo",
+    opt = one_update(model, tok, rl.take(batch, (torch.tensor([0, 0, 0, 1]) == rank).repeat_interleave(G)), "grpo",
                      sgd=False, minibatches=3)
     steps = {int(s["step"]) for s in opt.state.values()}
     torch.save({"steps": steps, "model": model.state_dict()}, os.path.join(out_dir, f"minibatches{rank}.pt"))
@@ -123,13 +123,13 @@ import os, sys
 import rl
 from nanorl import config
 if os.environ["RANK"] == "1":  # dies in its second update; must never write a file
-    real, n = rl.update, [0]
+    real, n = rl.optimizer_step, [0]
     def dying(*a, **k):
         n[0] += 1
         if n[0] == 2:
             os._exit(3)
         return real(*a, **k)
-    rl.update = dying
+    rl.optimizer_step = dying
     rl.loop.save_checkpoint = lambda *a, **k: sys.exit("rank 1 wrote a checkpoint")
     rl.loop.Logger.log = lambda self, m: sys.exit("rank 1 wrote metrics") if self.enabled else None
 sys.argv = ["rl.py"] + sys.argv[1:]

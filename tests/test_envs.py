@@ -22,14 +22,15 @@ import rl
 import sft
 from data.tasks import DataError
 from envs import guess
-from model import GPT, GPTConfig, generate, logprobs
+from model import GPT, GPTConfig, generate, logprobs, responses
 from nanorl.episodes import Episodes, demo_rows, play_demo
 from bench.guess import binary_search
 from nanorl import evaluate
 from nanorl.evaluate import Task, env_of, task_alphabet
-from tests.test_rl import make_run
+from tests.test_rl import lone, make_run
 from tests.test_tools import assert_no_leak, end, with_turn_credit
 from tokenizer import CharTokenizer
+from verify import episode_return
 
 GUESS = env_of("env:guess")
 TOK = CharTokenizer(task_alphabet("env:guess", guess.splits()["test"]))
@@ -267,7 +268,7 @@ def test_token_rows_see_every_turns_reward_at_its_position_across_the_gaps():
     turns' last), 0 at 2; the environment's positions skipped. REINFORCE++: the return-to-go."""
     b, g, lam = three_turns(), 0.9, 0.8
     hp = L.resolve_hparams("ppo", beta=0.0, gamma=g, lam=lam)
-    adv, extra = rl.token_kind(rl.Config(group_size=1), L.ALGOS["ppo"], hp, b, b.reward, None)
+    adv, extra = rl.token_kind(rl.Config(group_size=1), L.ALGOS["ppo"], lone(hp), b)
     r, v = [0.2, 0.0, 0.3, 1.5], [0.5, 0.4, 0.3, 0.6]  # the policy's tokens 0, 2, 3, 5
     a, nxt_a, nxt_v = [0.0] * 4, 0.0, 0.0
     for t in reversed(range(4)):
@@ -276,7 +277,7 @@ def test_token_rows_see_every_turns_reward_at_its_position_across_the_gaps():
     raw = torch.tensor([[a[0], 0, a[1], a[2], 0, a[3], 0]])
     torch.testing.assert_close(extra["value_targets"], torch.where(b.mask.bool(), raw + b.values, 0.0))
     torch.testing.assert_close(adv, L.whiten(raw, b.mask))
-    adv, _ = rl.token_kind(rl.Config(group_size=1), L.ALGOS["reinforce_pp"], L.resolve_hparams("reinforce_pp", beta=0.0), b, b.reward, None)
+    adv, _ = rl.token_kind(rl.Config(group_size=1), L.ALGOS["reinforce_pp"], lone(L.resolve_hparams("reinforce_pp", beta=0.0)), b)
     togo = torch.tensor([[2.0, 0, 1.8, 1.8, 0, 1.5, 0]])  # 0.2 + 0.3 + 1.5, ...
     torch.testing.assert_close(adv, L.whiten(togo, b.mask))
 
@@ -284,12 +285,13 @@ def test_token_rows_see_every_turns_reward_at_its_position_across_the_gaps():
 def test_sequence_rows_use_the_episode_return():
     """GRPO's advantage of a group reads each row's return: final score + its turns' rewards."""
     b = three_turns()
-    two = rl.rows.cat([b, copy.deepcopy(b)])
+    two = rl.cat([b, copy.deepcopy(b)])
     two.reward = torch.tensor([2.0, 1.0])  # 1 + (0.2 + 0.3 + 0.5); a loss with no reward at all
-    adv, _ = rl.advantages(rl.Config(loss="grpo", group_size=2), L.ALGOS["grpo"],
-                           L.resolve_hparams("grpo"), two, None)
+    hp = L.resolve_hparams("grpo")
+    adv, _ = rl.advantages_of(L.ALGOS["grpo"], hp)(rl.Config(loss="grpo", group_size=2), L.ALGOS["grpo"],
+                                                   lone(hp), two)
     torch.testing.assert_close(adv, torch.tensor([1.0, -1.0]), atol=1e-5, rtol=0)
-    assert b.episode_return().tolist() == [pytest.approx(2.0)]
+    assert episode_return(b.score, b.turn_rewards).tolist() == [pytest.approx(2.0)]
 
 
 def test_rollout_puts_the_turns_rewards_in_the_return(monkeypatch):
@@ -335,7 +337,7 @@ def test_every_row_replays_through_its_own_groups_secret():
     finally:
         hook.remove()
     bar = TOK.encode("|")[0]
-    for r, ids in enumerate(rl.rows.responses(b)):
+    for r, ids in enumerate(responses(b)):
         game, act = guess.Env(str(secrets[r // 4]), process_reward=True), b.mask[r].tolist()
         start, rewards = 0, torch.zeros_like(b.turn_rewards[r])
         for t, tok in enumerate(ids):

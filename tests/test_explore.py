@@ -15,7 +15,7 @@ from nanorl import explore
 from nanorl.episodes import Visit
 from nanorl.evaluate import Task, critical_entropy, env_metrics, losing_states
 from tests.test_envs import GUESS, TOK, biased, episodes, play, sample, tiny_model
-from tests.test_rl import make_run
+from tests.test_rl import lone, make_run
 
 # ---------------------------------------------------------------- the oracle
 
@@ -160,8 +160,8 @@ def test_signed_kind_reads_the_outcome_without_the_turn_rewards():
     b = rl.rows.Rollout(ids=torch.zeros(1, 5, dtype=torch.long), offsets=torch.zeros(1), mu=None,
                         mask=torch.tensor([[1, 0, 1, 1, 0]]))
     b.turn_rewards = torch.tensor([[0.3, 0, 0, -1.0, 0]])
-    R = torch.tensor([1.0 + 0.3 - 1.0])
-    adv, _ = rl.ADVANTAGES["signed"](None, L.ALGOS["w_reinforce"], L.resolve_hparams("w_reinforce"), b, R, None)
+    b.reward = torch.tensor([1.0 + 0.3 - 1.0])
+    adv, _ = rl.ADVANTAGES["signed"](None, L.ALGOS["w_reinforce"], lone(L.resolve_hparams("w_reinforce")), b)
     torch.testing.assert_close(adv, torch.tensor([[0.13, 0, 0, -0.0, 0]]))
 
 def test_signed_rows_take_the_kl_once_and_per_token_by_hand():
@@ -171,10 +171,10 @@ def test_signed_rows_take_the_kl_once_and_per_token_by_hand():
     b = rl.rows.Rollout(ids=torch.zeros(1, 5, dtype=torch.long), offsets=torch.zeros(1), mu=None,
                         mask=torch.tensor([[1, 1, 0, 1]]))
     b.reward, b.old_logp = torch.tensor([0.0]), torch.tensor([[-1.0, -2.0, 0.0, -0.5]])
-    ref = torch.tensor([[-1.5, -1.0, 0.0, -0.5]])
+    b.ref_logp = torch.tensor([[-1.5, -1.0, 0.0, -0.5]])
     for name in ("nsr", "w_reinforce"):
         hp = L.resolve_hparams(name, beta=0.5)
-        adv, _ = rl.advantages(rl.Config(loss=name), L.ALGOS[name], hp, b, ref)
+        adv, _ = rl.advantages_of(L.ALGOS[name], hp)(rl.Config(loss=name), L.ALGOS[name], lone(hp), b)
         torch.testing.assert_close(adv, torch.tensor([[-0.75, -0.5, 0.0, -1.0]]))
 
 

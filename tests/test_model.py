@@ -9,7 +9,7 @@ from model import token_logps
 from nanorl.checkpoint import CheckpointError, load_checkpoint, model_from_checkpoint, save_checkpoint
 from model import GPT, GPTConfig, generate
 from tokenizer import CharTokenizer
-from nanorl.loop import adamw
+from model import adamw
 
 torch.set_num_threads(1)
 EOS, PAD = 1, 0

@@ -107,7 +107,7 @@ def test_the_glossary_names_each_word_once():
     words = re.findall(r"^\| ([^|]+?) \|", text[text.index("## Words"):text.index("## Add a loss")],
                        re.M)[1:]  # the header's "word" left out
     assert len(words) == len(set(words))
-    assert {"step", "update", "sample", "turn", "version"} <= set(words)
+    assert {"step", "update", "sample", "turn", "version", "row", "algorithm"} <= set(words)
 
 
 def test_only_evaluate_names_the_pass_at_k_metric():

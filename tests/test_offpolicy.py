@@ -16,7 +16,7 @@ from nanorl.config import UserError
 from test_reliability import rows, same_weights, signal_on_call
 from test_rl import TINY_RL, cli, run, sft_ckpt, tiny_batch, update_once, varied_reward  # noqa: F401
 from losses import rollout_weights
-from nanorl.loop import adamw
+from model import adamw
 
 # ----------------------------------------------------------------------------- weights by hand
 # rho = exp(old - mu): row 0 [3, 0.4, 1.5]; row 1 [6, 0.8] and padding holding a junk 100 (5 tokens)
@@ -104,11 +104,11 @@ def test_gkd_against_itself_is_zero_with_zero_gradient(beta):
     loss.backward()
     assert abs(loss.item()) < 1e-6 and z.grad.abs().max() < 1e-6
 
-# ----------------------------------------------------------------------------- rl.update
+# ----------------------------------------------------------------------------- rl.pg_step
 
 
 def one_update(loss, model, batch, teacher=None, **kw):
-    """One rl.prepare and rl.update on a copy of model -> (the copy, its stats)."""
+    """One rl.pg_step (in the lab where kw opens it) on a copy of model -> (the copy, its stats)."""
     run, stats = update_once(rl.Config(loss=loss, group_size=4, **kw), copy.deepcopy(model), batch, teacher)
     return run.model, stats
 
@@ -169,7 +169,8 @@ def test_distilling_from_itself_gives_zero_advantage_loss_and_gradient(loss):
     from test_rl import make_run
     model, batch = tiny_batch()
     cfg = rl.Config(loss=loss, group_size=4)
-    _, adv, extra, _ = rl.prepare(cfg, L.ALGOS[loss], make_run(cfg, model, teacher=model), copy.copy(batch))
+    run = make_run(cfg, model, teacher=model)
+    adv, extra = run.advantages(cfg, L.ALGOS[loss], run, copy.copy(batch))
     assert adv.shape == batch.mask.shape and adv.abs().max() < 1e-5
     assert ("teacher_logits" in extra) == (loss == "gkd")
     _, stats = one_update(loss, model, batch, teacher=model)
@@ -218,9 +219,10 @@ def test_distillation_at_a_temperature_by_hand(loss):
 
 def test_staleness_trains_each_step_on_the_rollout_of_k_steps_earlier(sft_ckpt, tmp_path, monkeypatch,
                                                                        varied_reward):  # noqa: F811
-    sampled, trained, collect, update = [], [], rl.collect, rl.update
+    sampled, trained, collect, step = [], [], rl.collect, rl.pg_step
     monkeypatch.setattr(rl, "collect", lambda *a, **k: sampled.append(collect(*a, **k)) or sampled[-1])
-    monkeypatch.setattr(rl, "update", lambda m, r, o, b, *a, **k: trained.append(b) or update(m, r, o, b, *a, **k))
+    monkeypatch.setattr(rl, "pg_step", lambda c, a, r, lr, g, given: (given[0] is not None and trained.append(
+        given[0])) or step(c, a, r, lr, g, given))
     _, out = run(sft_ckpt, tmp_path, staleness=2, max_iters=4, eval_interval=4, dynamic_sampling=False)
     assert len(sampled) == 4 and len(trained) == 2
     assert trained[0] is sampled[0][0] and trained[1] is sampled[1][0]  # step 3: step 1's; step 4: step 2's
@@ -252,7 +254,7 @@ def test_resume_with_staleness_is_exact(sft_ckpt, tmp_path, monkeypatch, varied_
     cfg = dict(TINY_RL, sft_ckpt=sft_ckpt, staleness=2, decoupled=True, max_iters=5, eval_interval=5,
                ckpt_interval=100)
     whole = rl.main(rl.Config(out_dir=str(tmp_path / "whole"), **cfg))
-    signal_on_call(monkeypatch, rl.loop, "optimizer_step", 2)
+    signal_on_call(monkeypatch, rl, "optimizer_step", 2)
     rl.main(rl.Config(out_dir=str(tmp_path / "cut"), **cfg))
     ck = load_checkpoint(str(tmp_path / "cut" / "ckpt.pt"))
     assert ck["step"] == 4 and len(ck["ranks"][0]["queue"]) == 2

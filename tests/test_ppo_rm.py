@@ -116,9 +116,9 @@ def test_remax_scores_samples_and_their_greedy_baseline_on_one_scale(sft_ckpt, r
     """ReMax with --reward=rm: the samples and each prompt's greedy response are normalised with one
     set of running statistics, which the samples alone update; so a sample identical to its prompt's
     greedy response gets advantage exactly 0."""
-    from nanorl.rows import PromptSampler, responses
+    from model import responses
     from nanorl.rm import RewardModel
-    from test_rl import make_run
+    from test_rl import lone, make_run
     model, task = rl.load_policy(sft_ckpt, False, torch.device("cpu"))
     rm = RewardModel.load(rm_ckpt[0], task.tok, torch.device("cpu"))
     cfg = rl.Config(loss="remax", reward="rm", prompts_per_step=8, group_size=4, dynamic_sampling=False, max_new_tokens=8,
@@ -126,8 +126,9 @@ def test_remax_scores_samples_and_their_greedy_baseline_on_one_scale(sft_ckpt, r
     row = L.ALGOS["remax"]
     batch, _ = rl.collect(cfg, row, make_run(cfg, model, task, rm=rm), torch.Generator().manual_seed(0))
     assert rm.n == 32  # the 32 samples; the 8 greedy rows leave the statistics alone
-    idx = PromptSampler(len(task.train), 0, False).take(8)
+    idx = rl.PromptSampler(len(task.train), 0, False).draw(8)
     greedy = responses(rl.rollout(cfg, row, make_run(cfg, model, task), idx, None, 1, 0.0))
     same = torch.tensor([r == greedy[i // 4] for i, r in enumerate(responses(batch))])  # (32,)
-    adv, _ = rl.advantages(cfg, row, L.resolve_hparams("remax"), batch, None)
+    hp = L.resolve_hparams("remax")
+    adv, _ = rl.advantages_of(row, hp)(cfg, row, lone(hp), batch)
     assert same.sum() >= 2 and (adv[same] == 0).all() and (adv[~same] != 0).any()

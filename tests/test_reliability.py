@@ -156,7 +156,7 @@ def test_rl_resume_is_exact(sft_ckpt, tmp_path, monkeypatch, varied_reward, loss
     (prompt order, skipped prompts, sampling generator, optimizer, PPO value head, eval RNG)."""
     cfg = dict(TINY_RL, sft_ckpt=sft_ckpt, loss=loss, max_iters=4, eval_interval=3, ckpt_interval=100, **kw)
     whole = rl.main(rl.Config(out_dir=str(tmp_path / "whole"), **cfg))
-    signal_on_call(monkeypatch, rl.loop, "optimizer_step", 2)
+    signal_on_call(monkeypatch, rl.pref if loss == "dpo" else rl, "optimizer_step", 2)  # the caller's
     rl.main(rl.Config(out_dir=str(tmp_path / "cut"), **cfg))
     assert load_checkpoint(str(tmp_path / "cut" / "ckpt.pt"))["step"] == 2
     monkeypatch.undo()
@@ -267,7 +267,7 @@ def test_resume_at_an_eval_step_evaluates_it_once(sft_ckpt, tmp_path, monkeypatc
     written once; the resumed run's metrics rows equal the whole run's, no eval repeated."""
     cfg = dict(TINY_RL, sft_ckpt=sft_ckpt, loss="grpo", max_iters=4, eval_interval=2, ckpt_interval=100)
     rl.main(rl.Config(out_dir=str(tmp_path / "whole"), **cfg))
-    signal_on_call(monkeypatch, rl.loop, "optimizer_step", 2)
+    signal_on_call(monkeypatch, rl, "optimizer_step", 2)
     rl.main(rl.Config(out_dir=str(tmp_path / "cut"), **cfg))
     assert load_checkpoint(str(tmp_path / "cut" / "ckpt.pt"))["step"] == 2
     monkeypatch.undo()

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -15,7 +16,9 @@ import rl
 from verify import VERIFIERS
 import sft
 from nanorl.checkpoint import load_checkpoint
-from nanorl.loop import adamw
+from model import adamw
+from nanorl.ddp import Ranks
+from nanorl.rows import encode_prompts
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TINY_SFT = dict(n_layer=1, n_head=2, n_embd=32, batch_size=64, lr=3e-3, warmup_iters=5, eval_interval=100,
@@ -48,22 +51,32 @@ def run(sft_ckpt, out, **kw):
 
 def make_run(cfg, model, task=None, teacher=None, rm=None, lr=1e-2, selection=False):
     """The Run that rl.setup builds, from a model in hand: a frozen copy as the reference, AdamW, the
-    row's hyperparameters resolved from cfg, prompts over task.train."""
+    algorithm's hyperparameters resolved from cfg, prompts over task.train, the advantage stage."""
     keys = {*L.KNOBS, *L.DEFAULTS[cfg.loss]}
     hp = L.resolve_hparams(cfg.loss, **{k: getattr(cfg, k, None) for k in keys})
-    prompts = rl.rows.PromptSampler(len(task.train), 0, selection) if task else None
+    prompts = rl.PromptSampler(len(task.train), 0, selection) if task else None
+    real = task and isinstance(task.train[0], tuple)  # not a fake task's plain indices
+    ids = encode_prompts(task.tok, [p for p, _ in task.train], task.reverse) if real else []
+    algo = L.ALGOS[cfg.loss]
+    stage = rl.advantage_stage(cfg, algo, hp, teacher) if algo.family == "pg" else None
+    ranks = Ranks() if torch.distributed.is_initialized() else rl.OneProcess()  # a test's torchrun
     if model is None:  # collect and rollout with a fake sampler
-        return rl.Run(None, None, None, None, task, prompts, hp, rm, teacher)
+        return rl.Run(None, None, None, None, task, prompts, hp, rm, teacher, stage, ranks, ids)
     return rl.Run(model, model, copy.deepcopy(model).requires_grad_(False),
-                  adamw(model, lr, 0.0, hp.get("vf_lr_mult")), task, prompts, hp, rm, teacher)
+                  adamw(model, lr, 0.0, hp.get("vf_lr_mult")), task, prompts, hp, rm, teacher, stage,
+                  ranks, ids)
+
+
+def lone(hp):
+    """A Run as the advantage functions read it: the hyperparameters, one process."""
+    return SimpleNamespace(hp=hp, ranks=rl.OneProcess())
 
 
 def update_once(cfg, model, b, teacher=None, lr=1e-2, gen=None):
-    """rl.prepare, then rl.update, on a copy of rollout b -> (the run, its stats)."""
+    """rl.pg_step on a copy of rollout b (its advantages, its updates) -> (the run, its stats)."""
     row, run, b = L.ALGOS[cfg.loss], make_run(cfg, model, teacher=teacher, lr=lr), copy.copy(b)
-    ref_lp, adv, inputs, stats = rl.prepare(cfg, row, run, b)
     gen = gen or torch.Generator().manual_seed(0)
-    return run, {**stats, **rl.update(cfg, row, run, b, lr, gen, adv=adv, inputs=inputs, ref_lp=ref_lp)}
+    return run, rl.train_step(cfg)(cfg, row, run, lr, gen, (b, {}))
 
 
 def char_task(train=None, reverse=True):
@@ -509,7 +522,7 @@ def test_remax_baseline_is_each_prompts_greedy_reward(sft_ckpt, varied_reward):
     cfg = rl.Config(loss="remax", prompts_per_step=4, group_size=4, overlong_window=0, dynamic_sampling=False, max_new_tokens=8)
     row = L.ALGOS["remax"]
     batch, stats = rl.collect(cfg, row, make_run(cfg, model, task), torch.Generator().manual_seed(0))
-    idx = rl.rows.PromptSampler(len(task.train), 0, False).take(4)
+    idx = rl.PromptSampler(len(task.train), 0, False).draw(4)
     greedy = rl.rollout(cfg, row, make_run(cfg, model, task), idx, None, 1, 0.0)
     assert torch.equal(batch.baseline, greedy.reward.repeat_interleave(4))
     assert stats["rl/greedy_reward"] == pytest.approx(greedy.reward.mean().item())
@@ -637,7 +650,20 @@ def test_pass_at_k_row_takes_its_k():
     b.reward = torch.tensor([1.0, 0, 0, 0, 1, 1, 1, 1])
     cfg, algo = rl.Config(loss="pass_at_k", group_size=4), L.ALGOS["pass_at_k"]
     for k, right, wrong in ((2, 1.0, -1 / 3), (1, 3 ** 0.5, -1 / 3 ** 0.5)):
-        adv, inputs = rl.advantages(cfg, algo, L.resolve_hparams("pass_at_k", pass_k=k), b, None)
+        hp = L.resolve_hparams("pass_at_k", pass_k=k)
+        adv, inputs = rl.advantages_of(algo, hp)(cfg, algo, lone(hp), b)
         want = torch.tensor([right, wrong, wrong, wrong, 0, 0, 0, 0])
         torch.testing.assert_close(adv, want, atol=1e-5, rtol=0)
     assert L.resolve_hparams("pass_at_k")["pass_k"] == 8 and algo.binary and inputs == {}
+
+
+def test_the_reference_reads_the_rollout_at_the_sampling_temperature():
+    """At step 1 the reference is the policy: its log-probs of a rollout sampled at temperature 0.7 are
+    the sampler's, to fp32 rounding, so the KL term starts at 0."""
+    model, b = tiny_batch(temperature=0.7)
+    cfg = rl.Config(loss="grpo", beta=0.04, temperature=0.7, group_size=4, log_rollouts=0)
+    run, _ = update_once(cfg, model, b)
+    _, batch, _, _, inputs = run.trained
+    assert torch.allclose(inputs["ref_logp"], b.old_logp, atol=1e-5)
+    run.state = SimpleNamespace(step=1)
+    assert abs(rl.after_step(run)["rl/kl"]) < 1e-6

@@ -31,13 +31,17 @@ def test_the_log_holds_the_rollout_and_the_advantages_the_update_took(guess_ckpt
     (mu, the sampler's, is then not pi_old, the trainer's): every field of every token equals the Rollout's
     tensors and prepare's advantages; tokens and roles rebuild the sequence; the stats are the sampling
     stats of the rollout trained on, logged at the step that sampled it."""
-    taken, real = [], rl.prepare
+    taken, real = [], rl.advantage_stage
 
-    def prepare(cfg, algo, run, batch):
-        out = real(cfg, algo, run, batch)
-        taken.append((run.state.step + 1, out[1].clone(), out[0]))  # (step, adv, ref_lp)
-        return out
-    monkeypatch.setattr(rl, "prepare", prepare)
+    def advantage_stage(cfg, algo, hp, teacher):  # what each step's advantage stage gave
+        stage = real(cfg, algo, hp, teacher)
+
+        def advantages(cfg, algo, run, batch):
+            adv, inputs = stage(cfg, algo, run, batch)
+            taken.append((run.state.step + 1, adv.clone(), batch.ref_logp))  # (step, adv, ref_lp)
+            return adv, inputs
+        return advantages
+    monkeypatch.setattr(rl, "advantage_stage", advantage_stage)
     rl.main(rl.Config(out_dir=str(tmp_path), sft_ckpt=guess_ckpt, loss="ppo", **{**GAME_RL, "max_iters": 3},
                       staleness=staleness, **EVERY))
     from nanorl.evaluate import load_policy
@@ -109,7 +113,7 @@ def test_replay_misuse_and_damaged_files_are_one_line(sft_ckpt, tmp_path, varied
     cfg = dict(TINY_RL, sft_ckpt=sft_ckpt, max_iters=2, dynamic_sampling=False)
     rl.main(rl.Config(out_dir=str(tmp_path / "run"), **cfg, **EVERY))
     logs = tmp_path / "run" / "rollouts"
-    with pytest.raises(UserError, match="--replay trains a policy-gradient row .* --staleness=0"):
+    with pytest.raises(UserError, match="--replay trains a policy-gradient algorithm .* --staleness=0"):
         rl.main(rl.Config(out_dir=str(tmp_path / "a"), replay=str(logs), staleness=1, **cfg))
     with pytest.raises(UserError, match="ends at step 2; set --max_iters=2"):
         rl.main(rl.Config(out_dir=str(tmp_path / "b"), replay=str(logs), **{**cfg, "max_iters": 3}))

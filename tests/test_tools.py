@@ -15,7 +15,7 @@ from by_name import LOSSES
 import model as M
 import rl
 import sft
-from data.tasks import format_prompt, load_split
+from data.tasks import flip_numbers, load_split
 from envs.calculator import CHARS, MAX_CALLS, MAX_DIGITS, calculator, demo
 from model import GPT, GPTConfig, generate, logprobs
 from nanorl import pref
@@ -111,7 +111,7 @@ def test_every_trace_replays_through_the_calculator(reverse):
             calls = CALL.findall(text)
             assert len(calls) == MAX_CALLS and all(calculator(e) == r for e, r in calls)
             ids, mask = play_demo(CALC, (p, a), *demo(p, a), TOK, reverse)
-            assert ids == TOK.encode(format_prompt(text, reverse)) + [TOK.eos_id]
+            assert ids == TOK.encode(flip_numbers(text, reverse)) + [TOK.eos_id]
             assert CALC.Env(a).score(text.rpartition("}")[2]) == 1.0
 
 
@@ -120,9 +120,9 @@ def test_sft_loss_is_zero_exactly_on_the_tool_results():
     for loss_on in ("response", "all"):
         x, y, mask = sft.encode_split(task(), problems, loss_on)
         for row, m, (p, a) in zip(y.tolist(), mask.tolist(), problems):
-            start = len(TOK.encode(format_prompt(p, True))) - 1  # y: the inputs shifted by one
+            start = len(TOK.encode(flip_numbers(p, True))) - 1  # y: the inputs shifted by one
             got = [t for t, k in zip(row[start:], m[start:]) if k]  # the trace's targets
-            text = re.sub(r"\{[^}]*\}", "", format_prompt(trace(p, a), True))
+            text = re.sub(r"\{[^}]*\}", "", flip_numbers(trace(p, a), True))
             assert got == TOK.encode(text) + [TOK.eos_id]  # the results are never targets
             assert all(m[:start]) == (loss_on == "all") and any(m[:start]) == (loss_on == "all")
 
@@ -138,7 +138,7 @@ def tool_model(seed=0, values=False):
 
 def sample(model, use_cache=True, G=8, seed=1, temperature=1.0):
     problems = load_split("mul3_tool", "val")[:6]
-    prompts = [TOK.encode(format_prompt(p, True)) for p, _ in problems]
+    prompts = [TOK.encode(flip_numbers(p, True)) for p, _ in problems]
     return generate(model, prompts, 40, TOK.eos_id, TOK.pad_id, G=G, temperature=temperature,
                     generator=torch.Generator().manual_seed(seed), use_cache=use_cache,
                     episodes=episodes(problems, G))
@@ -228,12 +228,13 @@ def with_turn_credit(b, name):
 
 
 def loss_and_grads(name, b, monkeypatch, scale, model_fn=None, gold=None):
-    """One loss of row `name` on rollout b (pg: rl.prepare + rl.accumulate; pairs, rft, sft:
-    pref.rows_loss on `gold` rows) with the environment's logits moved by scale -> (loss,
-    gradients). model_fn(seed, values): a model of b's vocabulary (default: the tool task's)."""
+    """One loss of algorithm `name` on rollout b (pg: rl.pg_step at lr 0, unclipped: its
+    advantages, its one update's loss and gradient; pairs, rft, sft: pref.rows_loss on `gold` rows)
+    with the environment's logits moved by scale -> (loss, gradients). model_fn(seed, values): a
+    model of b's vocabulary (default: the tool task's)."""
     row, model_fn = L.ALGOS[name], model_fn or tool_model
     model = model_fn(seed=3, values="values" in row.needs).train()  # b's sampler, [a head]
-    cfg = rl.Config(loss=name, group_size=4, micro_batch_size=1024, overlong_window=0,
+    cfg = rl.Config(loss=name, group_size=4, micro_batch_size=1024, overlong_window=0, grad_clip=0.0,
                     beta=0.1 if "beta" in row.defaults else None, dynamic_sampling=False,
                     pass_k=2 if name == "pass_at_k" else None)  # k below the group of 4
     teacher = model_fn(seed=9) if "teacher" in row.needs else None
@@ -246,10 +247,7 @@ def loss_and_grads(name, b, monkeypatch, scale, model_fn=None, gold=None):
                       [(r, m) for _, r, m in gold], scale)
     model.zero_grad()
     if row.family == "pg":
-        with torch.no_grad():
-            ref_lp, adv, inputs, _ = rl.prepare(cfg, row, run, b)
-        loss, _ = rl.accumulate(cfg, row, run, b, torch.arange(len(b.ids)), 1024, torch.Generator().manual_seed(0),
-                                adv=adv, inputs=inputs, ref_lp=ref_lp, first=True)
+        loss = torch.tensor(rl.pg_step(cfg, row, run, 0.0, torch.Generator().manual_seed(0), (b, {}))["rl/loss"])
     else:
         rows, labels = (gold, None) if row.data == "gold" else \
             pref.rollout_rows(b, row, cfg.group_size)
@@ -291,13 +289,12 @@ def test_the_token_mean_divides_by_the_policys_tokens_by_hand():
     b = tool_rollout()
     cfg = rl.Config(loss="dapo", group_size=4, micro_batch_size=1024, overlong_window=0)
     run = make_run(cfg, tool_model(seed=3))
-    ref_lp, adv, inputs, _ = rl.prepare(cfg, L.ALGOS["dapo"], run, b)
-    loss, _ = rl.accumulate(cfg, L.ALGOS["dapo"], run, b, torch.arange(len(b.ids)), 1024, None, adv=adv,
-                            inputs=inputs, ref_lp=ref_lp, first=False)
+    adv, _ = run.advantages(cfg, L.ALGOS["dapo"], run, b)
+    loss = rl.pg_step(cfg, L.ALGOS["dapo"], run, 0.0, None, (b, {}))["rl/loss"]  # at ratio 1
     acts = b.mask.sum(1).tolist()  # (N,) the policy's tokens of each row
     assert sum(acts) < b.length.sum().item()
     want = -sum(a * n for a, n in zip(adv.tolist(), acts)) / sum(acts)
-    assert loss.item() == pytest.approx(want, abs=1e-5)
+    assert loss == pytest.approx(want, abs=1e-5)
 
 
 def test_eval_kl_and_length_count_only_the_policys_tokens_by_hand():

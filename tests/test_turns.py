@@ -14,7 +14,8 @@ from nanorl.config import UserError
 from tests.test_envs import (GUESS, PROMPT, TINY_RL, TOK, biased, episodes, guess_ckpt, sample,  # noqa: F401
                              three_turns, tiny_model)
 from nanorl.evaluate import Task
-from tests.test_rl import make_run
+from model import responses
+from tests.test_rl import lone, make_run
 
 
 def test_turn_index_counts_runs_of_the_policys_tokens():
@@ -32,7 +33,7 @@ def test_vine_advantage_of_a_three_turn_episode_by_hand():
     want = torch.tensor([[a0, 0, a1, a1, 0, a2, 0]])
     torch.testing.assert_close(L.vine_advantages(r, b.values, b.mask), want)
     hp = L.resolve_hparams("vineppo", beta=0.0)  # the loop's: whitened over the policy's tokens
-    adv, inputs = rl.token_kind(rl.Config(group_size=1), L.ALGOS["vineppo"], hp, b, b.reward, None)
+    adv, inputs = rl.token_kind(rl.Config(group_size=1), L.ALGOS["vineppo"], lone(hp), b)
     x = torch.tensor([a0, a1, a1, a2])
     x = (x - x.mean()) / x.std(correction=0)
     torch.testing.assert_close(adv, torch.tensor([[x[0], 0, x[1], x[2], 0, x[3], 0]]), atol=1e-5, rtol=0)
@@ -44,14 +45,14 @@ def test_gigpo_advantage_of_three_turn_episodes_by_hand():
     state, turn 2 from two; group 1's rows share every state id with group 0 but not its group.
     Step returns (gamma 0.5) are normalised within (group, state); the episode's in its group."""
     b = three_turns()
-    b = rl.rows.cat([b, b, b, b])
+    b = rl.cat([b, b, b, b])
     b.turn_rewards = torch.tensor([[0.2, 0, 0, 0.3, 0, 0.5, 0], [0.2, 0, 0, 0.1, 0, 0.0, 0],
                                    [0.0, 0, 0, 0.0, 0, 0.0, 0], [0.0, 0, 0, 0.0, 0, 0.0, 0]])
     b.score = torch.tensor([1.0, 0.0, 1.0, 1.0])
     b.reward = b.score + b.turn_rewards.sum(1)
     b.states = torch.tensor([[0, 0, 1, 1, 0, 2, 0], [0, 0, 1, 1, 0, 3, 0]] * 2)
     hp = L.resolve_hparams("gigpo", beta=0.0, gamma=0.5, step_weight=1.0)
-    adv, _ = rl.token_kind(rl.Config(group_size=2), L.ALGOS["gigpo"], hp, b, b.reward, None)
+    adv, _ = rl.token_kind(rl.Config(group_size=2), L.ALGOS["gigpo"], lone(hp), b)
 
     def norm(x):  # population std, as GRPO's
         x = torch.tensor(x)
@@ -174,7 +175,7 @@ def test_each_prefix_gets_k_continuations_from_its_replayed_state(monkeypatch):
     finally:
         hook.remove()
     through, state = {}, {}  # (group, prefix) -> [(row, start)], the state a fresh game has there
-    for r, (row, act) in enumerate(zip(rl.rows.responses(b), b.mask.tolist())):
+    for r, (row, act) in enumerate(zip(responses(b), b.mask.tolist())):
         for start, _ in episodes([secrets[r // 4]]).retake(0, row, act):
             env = episodes([secrets[r // 4]])
             env.retake(0, row[:start], act[:start])
@@ -228,7 +229,7 @@ def test_value_table_gives_each_turn_the_mean_return_from_its_state():
     r[torch.arange(len(r)), b.mask.shape[1] - 1 - b.mask.flip(1).argmax(1)] += b.score
     togo = r.flip(1).cumsum(1).flip(1)  # (N, L) the return from each position on
     visits = []  # (row, start, end, state)
-    for i, (row, act) in enumerate(zip(rl.rows.responses(b), b.mask.tolist())):
+    for i, (row, act) in enumerate(zip(responses(b), b.mask.tolist())):
         starts = episodes([[3, 40, 77][i // 4]]).retake(0, row, act)
         ends = [s for s, _ in starts[1:]] + [len(row)]
         visits += [(i, s, e, state) for (s, state), e in zip(starts, ends)]
@@ -257,7 +258,7 @@ def test_gigpo_keys_each_turn_on_the_state_it_starts_from(dynamic_sampling):
     finally:
         hook.remove()
     seen = {}  # id -> (group, state)
-    for r, (row, act) in enumerate(zip(rl.rows.responses(b), b.mask.tolist())):
+    for r, (row, act) in enumerate(zip(responses(b), b.mask.tolist())):
         for start, state in episodes([[3, 40, 77][r // 4]]).retake(0, row, act):
             key = (r // 4, state)
             assert seen.setdefault(int(b.states[r, start]), key) == key
