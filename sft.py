@@ -71,20 +71,20 @@ def accumulate_grads(model, x, y, mask, micro_batch_size, bf16=False, n_tok=None
     return total
 
 
-def encode_split(task, problems, loss_on):
-    """[(prompt, answer)] -> inputs x, targets y (N, T) and the loss mask on y (N, T): 1 on answer +
+def encode_split(rows, pad_id, loss_on):
+    """Task.gold_rows -> inputs x, targets y (N, T) and the loss mask on y (N, T): 1 on answer +
     EOS (loss_on="response"; EOS is a target: stopping gets a gradient) or on every token; 0 on
     an environment's tokens (its demonstrations' observations: nanorl/episodes.py)."""
-    rows = task.gold_rows(problems)
     if loss_on == "all":
         rows = [([], p + r, [1] * len(p) + (m[0] if m else [1] * len(r))) for p, r, *m in rows]
-    ids, _, mask = pack(rows, task.tok.pad_id)
+    ids, _, mask = pack(rows, pad_id)
     return ids[:, :-1], ids[:, 1:], mask[:, 1:]
 
 
 def load_task(cfg):
-    """cfg's task -> (Task, its splits' sizes), or one line for a setting that does not fit it:
-    block_size must hold the longest prompt and max_new_tokens, which must hold every answer."""
+    """cfg's task -> (Task, its splits' sizes, the train split's gold rows: an environment's
+    demonstrations are played once), or one line for a setting that does not fit it: block_size
+    must hold the longest prompt and max_new_tokens, which must hold every answer."""
     if TASKS.get(cfg.task, {}).get("text") and cfg.tokenizer == "char":
         raise UserError(f"task {cfg.task!r} is asked in words: it needs a BPE tokenizer "
                         "(--tokenizer=gpt2)")
@@ -112,7 +112,8 @@ def load_task(cfg):
     task.train = labelled(task.train, cfg.n_train)  # rl.py's sft row reads n_train too
     prompts = [p for split in (task.train, task.val, task.test) for p, _ in split]
     prompt = max(map(len, encode_prompts(task.tok, prompts, cfg.reverse)))
-    answer = max(len(r) for _, r, *_ in task.gold_rows(task.train))
+    rows = task.gold_rows(task.train)
+    answer = max(len(r) for _, r, *_ in rows)
     if answer > cfg.max_new_tokens:
         raise UserError(f"max_new_tokens={cfg.max_new_tokens} cuts {cfg.task}'s longest answer "
                         f"({answer} tokens with EOS): set --max_new_tokens={answer}")
@@ -120,7 +121,7 @@ def load_task(cfg):
         raise UserError(f"block_size={cfg.block_size} does not fit {cfg.task}'s longest prompt "
                         f"({prompt} tokens) and max_new_tokens={cfg.max_new_tokens}: set "
                         f"--block_size={prompt + cfg.max_new_tokens}")
-    return task, {k: len(v) for k, v in data.items()}
+    return task, {k: len(v) for k, v in data.items()}, rows
 
 
 def bpe_size(name):
@@ -164,8 +165,8 @@ def main(cfg):
         raise UserError(f"loss_on must be 'response' or 'all', got {cfg.loss_on!r}")
     if cfg.n_embd % cfg.n_head:
         raise UserError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
-    task, sizes = load_task(cfg)
-    data = [t.to(dev) for t in encode_split(task, task.train, cfg.loss_on)]  # (N, T) x, y, mask
+    task, sizes, rows = load_task(cfg)
+    data = [t.to(dev) for t in encode_split(rows, task.tok.pad_id, cfg.loss_on)]  # (N, T) x, y, mask
     model = build_model(cfg, task.tok).to(dev)
     bf16 = cfg.bf16 if cfg.bf16 is not None else bf16_default(dev)
     if rank == 0:

@@ -205,7 +205,7 @@ def fresh_checkpoint(sft_args, path, seed):
         bpe.load(cfg.tokenizer)  # tiktoken's: a TokenizerError now, before the task's data
     if cfg.reverse is None:  # as sft.main resolves it
         cfg = replace(cfg, reverse=cfg.task in TASKS)
-    task, _ = sft.load_task(cfg)
+    task = sft.load_task(cfg)[0]
     torch.manual_seed(seed)
     gpt, config = sft.build_model(cfg, task.tok), {**asdict(cfg), **task.settings()}  # sft's
     save_checkpoint(path, gpt, None, config, 0, task.tok)

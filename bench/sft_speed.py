@@ -39,7 +39,8 @@ def main(b):
     torch.set_num_threads(b.threads)
     torch.manual_seed(0)
     tok = CharTokenizer(ALPHABET)
-    x, y, mask = sft.encode_split(Task(tok, "mul", True, "exact", 0), load_split("mul", "train"), "response")
+    x, y, mask = sft.encode_split(Task(tok, "mul", True, "exact", 0).gold_rows(load_split("mul", "train")),
+                                   tok.pad_id, "response")
     model = GPT(GPTConfig(vocab_size=tok.vocab_size)).train()
     opt = adamw(model, 1e-4, 0.1)
     variants = {"fp32": (b.batch_size, False), f"fp32 micro {b.micro_batch_size}": (b.micro_batch_size, False)}

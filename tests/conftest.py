@@ -7,6 +7,8 @@ exec keeps the environment of its exec, which lacks the mark: it is found by its
 named with the test after which it was first seen. At the end of the session, any live process
 found either way fails the run, named with its test, and is killed. (A session a test starts, as
 bench/gpu_check.py's, checks only its own.)
+
+Beside it, the tiny checkpoints many files start from, each trained once a session.
 """
 import os
 import signal
@@ -103,3 +105,48 @@ def pytest_sessionfinish(session, exitstatus):
             pass
     if left:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+# ---------------------------------------------------------------- the shared checkpoints
+
+
+@pytest.fixture(scope="session")
+def sft_ckpt(tmp_path_factory):
+    """A tiny SFT on mul (test_rl.TINY_SFT): the start of most RL tests."""
+    import sft
+    from test_rl import TINY_SFT
+    out = tmp_path_factory.mktemp("sft")
+    sft.main(sft.Config(out_dir=str(out), **TINY_SFT))
+    return str(out / "ckpt.pt")
+
+
+@pytest.fixture(scope="session")
+def guess_ckpt(tmp_path_factory):
+    """A tiny SFT on guess the number's demonstrations (test_envs.TINY_GUESS)."""
+    import sft
+    from test_envs import TINY_GUESS
+    out = tmp_path_factory.mktemp("sft-guess")
+    sft.main(sft.Config(out_dir=str(out), **TINY_GUESS))
+    return str(out / "ckpt.pt")
+
+
+@pytest.fixture(scope="session")
+def tool_ckpt(tmp_path_factory):
+    """A tiny SFT on calculator traces (it calls the tool, its answers mostly wrong)."""
+    import sft
+    out = tmp_path_factory.mktemp("sft-tool")
+    sft.main(sft.Config(task="mul3_tool", block_size=96, max_new_tokens=80,
+                        out_dir=str(out), n_layer=1, n_head=2, n_embd=32, batch_size=64, lr=3e-3,
+                        warmup_iters=5, max_iters=60, eval_interval=60, eval_samples=0,
+                        threads=1, bf16=False))
+    return str(out / "ckpt.pt")
+
+
+@pytest.fixture(scope="session")
+def rm_ckpt(sft_ckpt, tmp_path_factory):
+    """A tiny reward model on sft_ckpt (test_ppo_rm.TINY_RM) -> (its path, its metrics, its folder)."""
+    import reward_model
+    from test_ppo_rm import TINY_RM
+    out = tmp_path_factory.mktemp("rm")
+    m = reward_model.main(reward_model.Config(sft_ckpt=sft_ckpt, out_dir=str(out), **TINY_RM))
+    return str(out / "ckpt.pt"), m, out

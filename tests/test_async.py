@@ -15,10 +15,7 @@ import rl
 from model import GPT, GPTConfig, KVCache, generate
 from nanorl import asyncrl
 from nanorl.config import UserError
-from test_envs import TINY_RL, guess_ckpt  # noqa: F401
-from test_ppo_rm import rm_ckpt  # noqa: F401
-from test_rl import sft_ckpt  # noqa: F401
-from test_tools import tool_ckpt  # noqa: F401
+from test_envs import TINY_RL
 from test_reliability import rows
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -11,7 +11,7 @@ import pytest
 from bench import compare
 from nanorl.config import UserError
 
-from test_rl import ROOT, sft_ckpt  # noqa: F401 (the tiny SFT checkpoint fixture)
+from test_rl import ROOT
 
 TINY = dict(max_iters=2, eval_interval=1, eval_samples=2, jobs=2,  # baselines: the default step budget (auto)
             rl_args="--prompts_per_step=4 --group_size=4 --pairs_per_step=8")

@@ -17,7 +17,7 @@ from model import GPT, GPTConfig, generate, logprobs, response_forward, seeded
 from nanorl.checkpoint import load_checkpoint, model_from_checkpoint, save_checkpoint
 from nanorl.evaluate import load_policy
 from model import adamw
-from test_rl import run, sft_ckpt, varied_reward  # noqa: F401 (fixtures)
+from test_rl import run, varied_reward  # noqa: F401 (a fixture)
 from tokenizer import CharTokenizer
 
 pytestmark = [pytest.mark.cuda,

@@ -18,7 +18,7 @@ import rl
 from model import GPT, GPTConfig, generate
 from model import adamw, optimizer_step
 from nanorl.ddp import sync_grads
-from test_rl import ROOT, make_run, sft_ckpt  # noqa: F401 (fixture)
+from test_rl import ROOT, make_run
 from tokenizer import CharTokenizer
 
 G = 4

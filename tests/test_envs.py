@@ -8,7 +8,6 @@ import functools
 import json
 import math
 import os
-import random
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -406,13 +405,6 @@ TINY_GUESS = dict(task="env:guess", reverse=False, block_size=48, max_new_tokens
                   eval_samples=0, threads=1, bf16=False)
 TINY_RL = dict(max_iters=4, eval_interval=3, ckpt_interval=100, prompts_per_step=4, group_size=4, eval_samples=2,
                threads=1, env_args={"process_reward": True})
-
-
-@pytest.fixture(scope="module")
-def guess_ckpt(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sft-guess")
-    sft.main(sft.Config(out_dir=str(out), **TINY_GUESS))
-    return str(out / "ckpt.pt")
 
 
 @pytest.mark.parametrize("loss, kw", [("grpo", dict(staleness=1)), ("ppo", {}),

@@ -8,10 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 
 from tests.test_names import tracked
-from tests.test_rl import TINY_RL, sft_ckpt  # noqa: F401 (a fixture)
+from tests.test_rl import TINY_RL
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECK = """

@@ -14,9 +14,8 @@ from verify import VERIFIERS
 from nanorl.checkpoint import load_checkpoint, save_checkpoint
 from nanorl.config import UserError
 from test_reliability import rows, same_weights, signal_on_call
-from test_rl import TINY_RL, cli, run, sft_ckpt, tiny_batch, update_once, varied_reward  # noqa: F401
+from test_rl import TINY_RL, cli, run, tiny_batch, update_once, varied_reward  # noqa: F401
 from losses import rollout_weights
-from model import adamw
 
 # ----------------------------------------------------------------------------- weights by hand
 # rho = exp(old - mu): row 0 [3, 0.4, 1.5]; row 1 [6, 0.8] and padding holding a junk 100 (5 tokens)

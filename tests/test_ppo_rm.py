@@ -14,16 +14,9 @@ from nanorl.checkpoint import load_checkpoint, save_checkpoint
 from model import GPT, GPTConfig, logprobs
 from tokenizer import CharTokenizer
 
-from test_rl import run, sft_ckpt, varied_reward  # noqa: F401 (fixtures)
+from test_rl import run, varied_reward  # noqa: F401 (a fixture)
 
 TINY_RM = dict(batch_size=16, max_iters=20, eval_interval=20, policy_samples=1, eval_policy_samples=2, threads=1)
-
-
-@pytest.fixture(scope="module")
-def rm_ckpt(sft_ckpt, tmp_path_factory):  # noqa: F811
-    out = tmp_path_factory.mktemp("rm")
-    m = reward_model.main(reward_model.Config(sft_ckpt=sft_ckpt, out_dir=str(out), **TINY_RM))
-    return str(out / "ckpt.pt"), m, out
 
 
 def test_reward_model_trains_and_reports_per_kind(rm_ckpt):

@@ -1,6 +1,5 @@
 """Preference losses: reference numbers, the DPO gradient at policy == reference, closed-form
 optima on a tabular toy, KTO's reference point z, the pairs/KTO JSONL loader and rl.py end to end."""
-import json
 import math
 
 import pytest
@@ -13,7 +12,7 @@ from verify import VERIFIERS
 from data.tasks import DataError
 from nanorl.pref import ensure_pairs, load_records
 
-from test_rl import run, sft_ckpt  # noqa: F401 (the tiny SFT checkpoint fixture)
+from test_rl import run
 
 LOG = lambda *p: torch.log(torch.tensor(p))  # noqa: E731
 

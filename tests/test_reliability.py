@@ -19,7 +19,7 @@ import sft
 from nanorl import loop as supervised
 from nanorl.config import UserError
 from nanorl.checkpoint import load_checkpoint
-from test_rl import ROOT, TINY_RL, sft_ckpt, varied_reward  # noqa: F401 (fixtures)
+from test_rl import ROOT, TINY_RL, varied_reward  # noqa: F401 (a fixture)
 
 TINY_SFT = dict(n_layer=1, n_head=2, n_embd=32, batch_size=32, warmup_iters=5, eval_samples=2, threads=1)
 SFT_CLI = [sys.executable, "sft.py", "--n_layer=1", "--n_head=2", "--n_embd=32", "--batch_size=32", "--max_iters=100000",

@@ -29,13 +29,6 @@ LOGGED_KEYS = ["rl/reward_mean", "rl/accuracy", "rl/entropy", "rl/clipfrac_low",
               "perf/rollout_tok_s", "perf/step_s"]
 
 
-@pytest.fixture(scope="module")
-def sft_ckpt(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sft")
-    sft.main(sft.Config(out_dir=str(out), **TINY_SFT))
-    return str(out / "ckpt.pt")
-
-
 @pytest.fixture
 def varied_reward(monkeypatch):
     """The tiny model is never right; reward answers starting with '1' so groups have variance."""

@@ -11,9 +11,9 @@ import torch
 import rl
 from nanorl import rollout_log, view
 from nanorl.config import UserError
-from test_envs import TINY_RL as GAME_RL, guess_ckpt  # noqa: F401
+from test_envs import TINY_RL as GAME_RL
 from test_reliability import rows
-from test_rl import TINY_RL, sft_ckpt, varied_reward  # noqa: F401
+from test_rl import TINY_RL, varied_reward  # noqa: F401 (a fixture)
 
 EVERY = dict(log_rollouts=-1, log_every=1)
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import sft
+import tokenizer
 from nanorl.checkpoint import load_checkpoint, model_from_checkpoint
 from nanorl.config import load_config
 from nanorl.evaluate import Task
@@ -62,12 +63,11 @@ def test_encode_split_masks_answer_and_eos():
     from data.tasks import ALPHABET
     from tokenizer import CharTokenizer
     tok = CharTokenizer(ALPHABET)
-    from nanorl.evaluate import Task
     task = Task(tok, "mul", True, "exact", 0)
-    x, y, m = sft.encode_split(task, [("12*12=", "144"), ("10*10=", "100")], "response")
+    x, y, m = sft.encode_split(task.gold_rows([("12*12=", "144"), ("10*10=", "100")]), tok.pad_id, "response")
     assert tok.decode(y[0][m[0].bool()].tolist()) == "441"  # reversed answer, then EOS
     assert y[0][m[0].bool()].tolist()[-1] == tok.eos_id  # EOS is a target
-    _, _, m_all = sft.encode_split(task, [("12*12=", "144")], "all")
+    _, _, m_all = sft.encode_split(task.gold_rows([("12*12=", "144")]), tok.pad_id, "all")
     assert m_all.sum() == 9
 
 
@@ -158,9 +158,8 @@ def test_text_task_with_a_bpe_tokenizer_runs_two_steps(tmp_path, monkeypatch):
     assert evals[0]["eval/examples"][0]["prompt"].startswith("What is ")
     from nanorl.bpe import from_dict
     tok = from_dict(ckpt["tokenizer"])
-    from nanorl.evaluate import Task
-    x, y, m = sft.encode_split(Task(tok, "mul_text", False, "exact", 0), [("What is 23 times 47?", "1081")],
-                               "response")
+    gold = Task(tok, "mul_text", False, "exact", 0).gold_rows([("What is 23 times 47?", "1081")])
+    x, y, m = sft.encode_split(gold, tok.pad_id, "response")
     assert tok.decode(y[0][m[0].bool()].tolist()) == "1081" and y[0][m[0].bool()][-1] == tok.eos_id
 
 
@@ -199,9 +198,10 @@ def test_n_train_sees_only_its_labelled_problems_and_is_recorded(tmp_path, monke
     from data.tasks import labelled, load_split
     seen = []
     encode = sft.encode_split
-    monkeypatch.setattr(sft, "encode_split", lambda tok, problems, *a: seen.append(problems) or encode(tok, problems, *a))
+    monkeypatch.setattr(sft, "encode_split", lambda rows, *a: seen.append(rows) or encode(rows, *a))
     sft.main(sft.Config(max_iters=2, out_dir=str(tmp_path), n_train=50, **TINY))
-    assert seen == [labelled(load_split("mul", "train"), 50)]
+    tok = tokenizer.from_dict(load_checkpoint(str(tmp_path / "ckpt.pt"))["tokenizer"])
+    assert seen == [Task(tok, "mul", True, "exact", 0).gold_rows(labelled(load_split("mul", "train"), 50))]
     assert load_checkpoint(str(tmp_path / "ckpt.pt"))["config"]["n_train"] == 50
     with pytest.raises(sft.UserError, match="n_train=99999 but the train split holds"):
         sft.main(sft.Config(max_iters=2, out_dir=str(tmp_path), n_train=99999, **TINY))

@@ -24,7 +24,6 @@ from nanorl.evaluate import Task, env_metrics, env_of, task_alphabet
 from rl import rollout_metrics
 from tests.test_rl import make_run
 from tokenizer import CharTokenizer
-from verify import VERIFIERS
 
 CALC = env_of("mul3_tool")  # the calculator module
 TOK = CharTokenizer(task_alphabet("mul3_tool", []))
@@ -118,7 +117,7 @@ def test_every_trace_replays_through_the_calculator(reverse):
 def test_sft_loss_is_zero_exactly_on_the_tool_results():
     problems = load_split("mul3_tool", "test")[:50]
     for loss_on in ("response", "all"):
-        x, y, mask = sft.encode_split(task(), problems, loss_on)
+        x, y, mask = sft.encode_split(task().gold_rows(problems), TOK.pad_id, loss_on)
         for row, m, (p, a) in zip(y.tolist(), mask.tolist(), problems):
             start = len(TOK.encode(flip_numbers(p, True))) - 1  # y: the inputs shifted by one
             got = [t for t, k in zip(row[start:], m[start:]) if k]  # the trace's targets
@@ -509,17 +508,6 @@ def test_the_reward_reads_the_text_after_the_environments_last_token(monkeypatch
 
 
 # ---------------------------------------------------------------- every family, end to end
-
-
-@pytest.fixture(scope="module")
-def tool_ckpt(tmp_path_factory):
-    """A tiny SFT on calculator traces (it calls the tool, its answers mostly wrong)."""
-    out = tmp_path_factory.mktemp("sft-tool")
-    sft.main(sft.Config(task="mul3_tool", block_size=96, max_new_tokens=80,
-                        out_dir=str(out), n_layer=1, n_head=2, n_embd=32, batch_size=64, lr=3e-3,
-                        warmup_iters=5, max_iters=60, eval_interval=60, eval_samples=0,
-                        threads=1, bf16=False))
-    return str(out / "ckpt.pt")
 
 
 @pytest.mark.parametrize("name", ["grpo", "ppo", "dpo", "rft", "gkd"])

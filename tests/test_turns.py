@@ -11,7 +11,7 @@ import losses as L
 import rl
 from nanorl import turns
 from nanorl.config import UserError
-from tests.test_envs import (GUESS, PROMPT, TINY_RL, TOK, biased, episodes, guess_ckpt, sample,  # noqa: F401
+from tests.test_envs import (GUESS, PROMPT, TINY_RL, TOK, biased, episodes, sample,  # noqa: F401
                              three_turns, tiny_model)
 from nanorl.evaluate import Task
 from model import responses
