@@ -166,7 +166,7 @@ def main(cfg):
     if cfg.n_embd % cfg.n_head:
         raise UserError(f"n_embd={cfg.n_embd} must be divisible by n_head={cfg.n_head}")
     task, sizes, rows = load_task(cfg)
-    data = [t.to(dev) for t in encode_split(rows, task.tok.pad_id, cfg.loss_on)]  # (N, T) x, y, mask
+    data = [t.to(dev) for t in encode_split(rows, task.tok.pad_id, cfg.loss_on)]  # (N, T) each
     model = build_model(cfg, task.tok).to(dev)
     bf16 = cfg.bf16 if cfg.bf16 is not None else bf16_default(dev)
     if rank == 0:
