@@ -553,7 +553,7 @@ def advantage_stage(cfg, algo, hp, teacher):
         stage = values_first(stage)
     if algo.kl and hp["beta"]:
         stage = reference_first(stage)
-    if cfg.rollout_is != "none" or cfg.decoupled:  # the off-policy lab's corrections
+    if offpolicy.kind(cfg) != "none":  # the off-policy lab's corrections
         stage = offpolicy.weighed(stage)
     return stage
 

@@ -35,7 +35,7 @@ def check(cfg, algo):
         raise UserError(f"staleness must be >= 0, got {cfg.staleness}")
     if cfg.rollout_is not in KINDS:
         raise UserError(f"rollout_is must be none, tis, seq_tis or icepop, got {cfg.rollout_is}")
-    fix = cfg.rollout_is != "none" or cfg.decoupled
+    fix = kind(cfg) != "none"
     if fix and algo.ratio is None:
         raise UserError(f"--rollout_is and --decoupled reweight a policy ratio; {cfg.loss} "
                         "has none")
@@ -79,13 +79,14 @@ class Lab:
         if not run.ranks.reduce(float(batch is None), "max").item():  # the step updates
             if cfg.staleness or cfg.sampler_bf16 or cfg.bf16:  # mu is not the trainer's pi_old
                 lab = recompute(run.model, batch, cfg)
-            if cfg.rollout_is != "none" or cfg.decoupled:
+            if kind(cfg) != "none":
                 lab["rl/is_capped_frac"] = losses.rollout_weights(
                     batch.old_logp, batch.mu, batch.mask, kind(cfg))[1].item()
         return {**self.step(cfg, algo, run, lr, gen, rollout), **run.ranks.mean(lab), **fresh}
 
 
 def kind(cfg):
+    """The correction of the advantages: decoupled, a --rollout_is kind, or none."""
     return "decoupled" if cfg.decoupled else cfg.rollout_is
 
 
