@@ -40,6 +40,8 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     scalar_head: bool = False  # value head (PPO) / reward head (reward model)
+    gelu: str = "erf"  # nanoGPT's exact nn.GELU(); "tanh": GPT-2's approximation (its weights)
+    full_head: bool = False  # the heads at every position, then `keep`'s: older runs' rounding
 
 
 class KVCache:
@@ -104,9 +106,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
+        self.gelu = "tanh" if cfg.gelu == "tanh" else "none"  # F.gelu's name for erf: "none"
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate="tanh")))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.gelu)))
 
 
 class Block(nn.Module):
@@ -125,6 +128,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, cfg):
         super().__init__()
+        if cfg.gelu not in ("erf", "tanh"):
+            raise ValueError(f"gelu must be 'erf' or 'tanh', got {cfg.gelu!r}")
         self.config = cfg
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
@@ -152,9 +157,10 @@ class GPT(nn.Module):
         if isinstance(m, nn.Linear) and m.bias is not None:
             nn.init.zeros_(m.bias)
 
-    def forward(self, idx, offsets=None, cache=None, return_scalar=False):
+    def forward(self, idx, offsets=None, cache=None, return_scalar=False, keep=None):
         """idx (B, T) -> logits (B, T, V) [, scalar head (B, T)]; offsets (B,): left-pad
-        counts (None: none); cache: a KVCache to extend."""
+        counts (None: none); cache: a KVCache to extend; keep (B, T) bool: the heads run only
+        at these positions -> (K, V) [, (K,)], K = keep.sum(), in row order."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         if start + T > self.config.block_size:
@@ -175,13 +181,15 @@ class GPT(nn.Module):
             x = block(x, mask, cache, i)
         if cache is not None:
             cache.pos += T
-        x = self.transformer.ln_f(x)
-        logits = self.lm_head(x)  # (B, T, V)
+        late = keep is not None and self.config.full_head  # every position, then keep's
+        x = self.transformer.ln_f(x if keep is None or late else x[keep])  # (B, T, C) or (K, C)
+        out = [self.lm_head(x)]  # (B, T, V) or (K, V)
         if return_scalar:
             if self.score_head is None:
                 raise ValueError("this model has no scalar head (GPTConfig.scalar_head=False)")
-            return logits, self.score_head(x).squeeze(-1)  # (B, T)
-        return logits
+            out.append(self.score_head(x).squeeze(-1))  # (B, T) or (K,)
+        out = [t[keep] for t in out] if late else out
+        return tuple(out) if return_scalar else out[0]
 
     @classmethod
     def from_pretrained(cls, name_or_path, block_size=None, dropout=0.0):
@@ -206,7 +214,8 @@ class GPT(nn.Module):
             raise CheckpointError(f"could not load Hugging Face GPT-2 weights from {where}: "
                                   f"{one_line(e)}") from None
         c = hf.config
-        expect = {"activation_function": ("gelu_new", "gelu_pytorch_tanh"),
+        gelu = {"gelu_new": "tanh", "gelu_pytorch_tanh": "tanh", "gelu": "erf"}
+        expect = {"activation_function": tuple(gelu),
                   "layer_norm_epsilon": (1e-5,), "n_inner": (None, 4 * c.n_embd),
                   "scale_attn_weights": (True,), "scale_attn_by_inverse_layer_idx": (False,),
                   "add_cross_attention": (False,), "tie_word_embeddings": (True,)}
@@ -219,7 +228,8 @@ class GPT(nn.Module):
             raise CheckpointError(f"{name_or_path}: block_size={block_size} exceeds its "
                                   f"n_positions={c.n_positions}")
         model = cls(GPTConfig(block_size=block_size, vocab_size=c.vocab_size, n_layer=c.n_layer,
-                              n_head=c.n_head, n_embd=c.n_embd, dropout=dropout, bias=True))
+                              n_head=c.n_head, n_embd=c.n_embd, dropout=dropout, bias=True,
+                              gelu=gelu[c.activation_function]))
         src = hf.state_dict()
         src.setdefault("lm_head.weight", src["transformer.wte.weight"])  # tied
         state = {}
@@ -309,7 +319,8 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
     seq = torch.tensor([[pad_id] * (P - len(p)) + p for p in prompts], device=device)  # (B, P)
     offsets = torch.tensor([P - len(p) for p in prompts], device=device)  # (B,)
     cache = KVCache() if use_cache else None
-    logits = model(seq, offsets, cache)[:, -1]  # (B, V) one prefill per prompt for G rows
+    last = torch.arange(P, device=device) == P - 1  # the head at the last position only
+    logits = model(seq, offsets, cache, keep=last.expand(B, P))  # (B, V) a prefill, G rows
     node, node_off = torch.arange(B, device=device).repeat_interleave(G), offsets  # row -> prefix
     seq, offsets = seq.repeat_interleave(G, dim=0), offsets.repeat_interleave(G, dim=0)
     done = torch.zeros(B * G, dtype=torch.bool, device=device)  # (N,) ended: EOS, budget
@@ -389,29 +400,35 @@ def logprobs(model, ids, offsets, mask, temperature=1.0, scalar=False, logits=Fa
                           mask[i:i + max_rows], temperature, scalar, logits)
                  for i in range(0, N, max_rows)]
         return tuple(None if p[0] is None else torch.cat(p) for p in zip(*parts))
-    out = response_forward(model, ids, offsets, P, return_scalar=scalar)
+    out = response_forward(model, ids, offsets, P, return_scalar=scalar, used=mask)
     z, head = out if scalar else (out, None)
     logp = token_logps(z, ids[:, P:], mask, temperature)  # (N, L)
     return logp, head, (z / temperature if logits else None)
 
 
-def response_forward(model, ids, offsets, P, return_scalar=False):
+def response_forward(model, ids, offsets, P, return_scalar=False, used=None):
     """model(ids, offsets)[:, P-1:-1]: the logits (N, L, V) scoring each response token of ids
     (N, P+L) [and the scalar head (N, L)]. Each distinct row runs once (a peaked policy repeats
     itself), each prompt once, its keys and values expanded to its rows (KVCache.expand); outputs
-    are indexed back to all rows, so gradients add."""
+    are indexed back to all rows, so gradients add. used (N, L): the heads run only where some
+    row reads them (0 elsewhere; None: everywhere)."""
     rows = torch.cat([offsets[:, None], ids], 1)  # (N, 1+P+L): a row's padding and tokens
     uniq, inv = torch.unique(rows, dim=0, return_inverse=True)  # sorted: a prompt's rows adjacent
     counts = torch.unique_consecutive(uniq[:, :1 + P], dim=0, return_counts=True)[1]  # (n,)
     off, uniq = uniq[:, 0], uniq[:, 1:]  # (U,), (U, P+L)
+    U, L = uniq.size(0), ids.size(1) - P
+    need = torch.ones(U, L, device=ids.device) if used is None else \
+        torch.zeros(U, L, device=ids.device).index_add_(0, inv, used.float())  # (U, L) > 0: run
     cache, starts = KVCache(), counts.cumsum(0) - counts
-    heads = model(uniq[starts, :P], off[starts], cache, return_scalar)  # (n, P, V) [, (n, P)]
+    last = (torch.arange(P, device=ids.device) == P - 1).expand(len(starts), P)
+    heads = model(uniq[starts, :P], off[starts], cache, return_scalar, keep=last)  # (n, V) [, (n,)]
     heads = heads if return_scalar else (heads,)
-    parts = [[t[:, -1:].repeat_interleave(counts, dim=0)] for t in heads]  # position P-1
-    if ids.size(1) > P + 1:
+    parts = [[t.repeat_interleave(counts, dim=0)[:, None]] for t in heads]  # position P-1
+    if L > 1:
         cache.expand(counts)
-        rest = model(uniq[:, P:-1], off, cache, return_scalar)  # (U, L-1, V) [, (U, L-1)]
+        keep = need[:, 1:] > 0  # (U, L-1)
+        rest = model(uniq[:, P:-1], off, cache, return_scalar, keep=keep)  # (K, V) [, (K,)]
         for part, t in zip(parts, rest if return_scalar else (rest,)):
-            part.append(t)
+            part.append(t.new_zeros(U, L - 1, *t.shape[1:]).index_put((keep,), t))
     out = tuple(torch.cat(part, dim=1)[inv] for part in parts)
     return out if return_scalar else out[0]

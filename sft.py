@@ -41,6 +41,7 @@ class Config(TrainConfig):
     n_embd: int = 128
     block_size: int = 32
     dropout: float = 0.0
+    gelu: str = "erf"  # a fresh model's: the exact GELU, or "tanh" (GPT-2 weights keep theirs)
     init_from: str = "scratch"  # or GPT-2 weights: "gpt2", "gpt2-medium", ... or a local folder
     micro_batch_size: int = 0  # rows per forward/backward, gradients accumulated; 0 = batch_size
     bf16: Optional[bool] = None  # bf16 autocast (fp32 weights and loss); None: if native
@@ -143,7 +144,8 @@ def train_text(task, n=2000):
 def build_model(cfg, tok):
     """A fresh GPT of the config's shape, or Hugging Face GPT-2 weights (--init_from)."""
     if cfg.init_from == "scratch":
-        shape = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout)
+        shape = dict(n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd, dropout=cfg.dropout,
+                     gelu=cfg.gelu)
         return GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=cfg.block_size, **shape))
     model = GPT.from_pretrained(cfg.init_from, cfg.block_size, cfg.dropout)
     if model.config.vocab_size != tok.vocab_size:

@@ -26,9 +26,12 @@ def tiny_hf(tmp_path, seed=0, **kw):
     return hf
 
 
-def test_hf_gpt2_logits_match(tmp_path):
-    hf = tiny_hf(tmp_path)
+@pytest.mark.parametrize("activation,gelu", [("gelu_new", "tanh"), ("gelu", "erf")])
+def test_hf_gpt2_logits_match(tmp_path, activation, gelu):
+    """GPT-2's own tanh GELU and the exact one (activation_function "gelu") each load as theirs."""
+    hf = tiny_hf(tmp_path, activation_function=activation)
     model = GPT.from_pretrained(str(tmp_path), block_size=16).eval()
+    assert model.config.gelu == gelu
     assert (model.config.n_layer, model.config.n_head, model.config.n_embd, model.config.vocab_size) == (2, 2, 32, 50)
     assert model.transformer.wpe.weight.shape == (16, 32)  # cropped from n_positions=24
     assert model.lm_head.weight is model.transformer.wte.weight  # still tied

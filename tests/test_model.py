@@ -252,3 +252,51 @@ def test_equal_prompt_tokens_under_other_padding_are_other_prompts():
     full = model(ids, off)[:, 2:-1]
     assert not torch.allclose(full[0], full[1], atol=1e-3)  # the padding changes the logits
     assert torch.allclose(response_forward(model, ids, off, 3), full, atol=1e-6)
+
+
+def test_a_fresh_model_uses_the_exact_gelu_and_older_checkpoints_keep_tanh(tmp_path):
+    """GPTConfig's default is nanoGPT's nn.GELU() (erf); a checkpoint written before model_args
+    named its GELU was trained with GPT-2's tanh and loads with it, its logits those of tanh."""
+    model, x = tiny(), torch.randn(3, 5, 32)
+    mlp = model.transformer.h[0].mlp
+    assert torch.equal(mlp(x), mlp.c_proj(torch.nn.GELU()(mlp.c_fc(x))))
+    assert not torch.allclose(mlp(x), mlp.c_proj(torch.nn.GELU("tanh")(mlp.c_fc(x))), atol=1e-7)
+    old = tiny(gelu="tanh")
+    tok = CharTokenizer("0123456789+*=-")  # 16 ids with PAD and EOS
+    save_checkpoint(str(tmp_path / "old.pt"), old, tokenizer=tok)
+    ck = load_checkpoint(str(tmp_path / "old.pt"))
+    del ck["model_args"]["gelu"]  # as an older nanorl wrote it
+    loaded = model_from_checkpoint(ck)[0].eval()
+    idx = torch.randint(2, 16, (2, 7), generator=torch.Generator().manual_seed(0))
+    assert loaded.config.gelu == "tanh" and torch.equal(loaded(idx), old(idx))
+    with pytest.raises(ValueError, match="gelu must be"):
+        tiny(gelu="relu")
+
+
+@pytest.mark.parametrize("scalar", [False, True])
+def test_the_heads_run_only_where_read(scalar):
+    """logprobs runs the LM head (and the scalar head) only at the positions its mask reads: the
+    log-probs, values and every gradient equal full_head's (every position, then those read), on
+    ragged prompts and responses of 1 token to the longest, rows sharing prompts and duplicates."""
+    from model import logprobs
+    model = tiny(scalar_head=scalar)
+    out = generate(model, prompts_of([3, 6, 4, 1]), 8, EOS, PAD, G=4, generator=torch.Generator().manual_seed(1))
+    P, mask = out["prompt_len"], out["response_mask"][:, out["prompt_len"]:].clone()
+    mask[0, 1:], mask[1] = 0, 1  # a 1-token response; a row read to the end
+    mask[2, 2] = 0  # a hole: an environment's token
+    seen, forward = [], model.forward
+    model.forward = lambda *a, **k: seen.append(k.get("keep", a[4] if len(a) > 4 else None)) or forward(*a, **k)
+    res = {}
+    for full in (True, False):
+        model.config.full_head, seen[:] = full, []
+        model.zero_grad(set_to_none=True)
+        lp, head, logits = logprobs(model, out["ids"], out["offsets"], mask, 0.7, scalar, logits=True)
+        (lp.sum() + (head.sum() if scalar else 0)).backward()
+        assert logits.shape == (16, mask.size(1), 16)
+        res[full] = [lp, head] if scalar else [lp], [p.grad.clone() for p in model.parameters()], seen[:]
+    assert all(k is not None for k in res[False][2])  # every forward was given its positions
+    assert int(res[False][2][-1].sum()) < res[False][2][-1].numel()  # and some were skipped
+    for a, b in zip(res[True][0], res[False][0]):
+        assert (a - b).abs().max() <= 1e-6 and (a != 0).any()
+    for a, b in zip(res[True][1], res[False][1]):
+        assert (a - b).abs().max() <= 1e-5 * a.abs().max()

@@ -71,7 +71,8 @@ def test_ppo_value_is_the_head_times_the_policy_probability_of_the_path_so_far()
     v = L.prefix_value(values_head, logp)
     _, head = model(ids, offsets, return_scalar=True)
     head = head[:, P - 1:-1]  # (2, 3) the state before each response token
-    assert torch.allclose(v, head * torch.exp(torch.nn.functional.pad(logp, (1, 0))[:, :-1].cumsum(1)), atol=1e-6)
+    path = torch.exp(torch.nn.functional.pad(logp, (1, 0))[:, :-1].cumsum(1))
+    assert torch.allclose(v, torch.where(mask.bool(), head * path, 0.0), atol=1e-6)  # the head runs where read
     assert torch.allclose(v[:, 0], head[:, 0], atol=1e-6)
     assert torch.autograd.grad(v.sum(), logp, allow_unused=True)[0] is None
 

@@ -237,7 +237,9 @@ def scripted(model, tok):
         for token, push in nxt.items():
             table[one(read), one(token)] = push
     seen = {}
-    pre = model.register_forward_pre_hook(lambda mod, args: seen.update(idx=args[0]))
+    def read(mod, args, kw):  # the ids whose logits the head computes: those kept
+        seen.update(idx=args[0] if kw.get("keep") is None else args[0][kw["keep"]])
+    pre = model.register_forward_pre_hook(read, with_kwargs=True)
     post = model.lm_head.register_forward_hook(lambda mod, inp, out: out + table[seen["idx"]])
     return pre, post
 

@@ -118,12 +118,13 @@ def scripted(model):
     '<' guesses 2, '>' 7, and a guess ends its turn: games of several turns, all different."""
     script = {":": "5", "5": "0", "0": "|", "<": "2", "2": "|", ">": "7", "7": "|"}
 
-    def hook(mod, inputs, logits):  # (B, T, V)
+    def hook(mod, args, kw, logits):  # (B, T, V), or (K, V) at the positions kept
+        ids = args[0] if kw.get("keep") is None else args[0][kw["keep"]]
         bias = torch.zeros_like(logits)
         for before, after in script.items():
-            bias[..., TOK.encode(after)[0]] += 60.0 * (inputs[0] == TOK.encode(before)[0])
+            bias[..., TOK.encode(after)[0]] += 60.0 * (ids == TOK.encode(before)[0])
         return logits + bias
-    return model.register_forward_hook(hook)
+    return model.register_forward_hook(hook, with_kwargs=True)
 
 
 def test_branches_of_a_deterministic_policy_reproduce_each_episodes_return_to_go():
