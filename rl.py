@@ -68,10 +68,11 @@ class Config(rm.Flags, pref.Flags, distill.Flags, offpolicy.Flags, rollout_log.F
     ppo_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch
     micro_batch_size: int = 256  # rows per forward/backward: memory
-    sample_batch_size: int = 256  # rows per sampler call: memory
+    sample_batch_size: int = 0  # rows per sampler call (memory); 0: all of a round's, one call
     eval_samples: int = 8  # samples per test problem: pass@1, pass@8, KL to the reference
     bf16: Optional[bool] = None  # autocast rollouts and updates; None = on CUDA
     compile: bool = False  # torch.compile the training forward
+    full_head: bool = False  # the LM head at every position, not only where read: older rounding
 
 
 class PromptSampler:
@@ -195,7 +196,7 @@ def rollout(cfg, algo, run, idx, gen, G, temperature):
     sample_batch_size rows -> a Rollout."""
     task, tok, parts = run.task, run.task.tok, []
     problems, prompts = [task.train[i] for i in idx], [run.prompt_ids[i] for i in idx]
-    n = max(1, cfg.sample_batch_size // G)  # prompts per sampler call
+    n = max(1, cfg.sample_batch_size // G) if cfg.sample_batch_size else len(idx)  # a call's
     for i in range(0, len(problems), n):
         episodes = task.env_module and task.episodes(problems[i:i + n], G)
         out = generate(run.model, prompts[i:i + n], cfg.max_new_tokens, tok.eos_id, tok.pad_id,
@@ -571,8 +572,8 @@ def check(cfg):
     window = algo.overlong if cfg.overlong_window is None else cfg.overlong_window
     cfg = replace(cfg, out_dir=cfg.out_dir or f"out/rl-{cfg.loss}", overlong_window=window)
     check_bounds(cfg, "temperature > 0", "group_size >= 2",
-                 "max_refills eval_samples >= 0", "prompts_per_step pairs_per_step ppo_epochs "
-                 "minibatches sample_batch_size micro_batch_size max_new_tokens >= 1")
+                 "max_refills eval_samples sample_batch_size >= 0", "prompts_per_step "
+                 "pairs_per_step ppo_epochs minibatches micro_batch_size max_new_tokens >= 1")
     if cfg.overlong_window and (algo.binary or algo.family != "pg" or "teacher" in algo.needs):
         why = "needs binary rewards" if algo.binary else "does not learn from rewards"
         raise UserError(f"{cfg.loss} {why}: DAPO's overlong shaping must be off "
@@ -615,6 +616,8 @@ def setup(cfg, algo, hp, dev, rank, world):
     select = cfg.prompt_selection and not algo.flat_teaches and not offline
     rm = RewardModel.load(cfg.rm_ckpt, task.tok, dev) if cfg.reward == "rm" else None
     teacher = distill.load(cfg.teacher_ckpt, task.tok, dev) if "teacher" in algo.needs else None
+    for m in filter(None, (model, teacher)):  # the reference's too: a copy
+        m.config.full_head = cfg.full_head
     prompts = [] if offline else rows.encode_prompts(task.tok, [p for p, _ in task.train],
                                                     task.reverse)
     return cfg, Run(model=model, compiled=torch.compile(model) if cfg.compile else model,

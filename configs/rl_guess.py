@@ -8,6 +8,5 @@ beta = 0.0
 group_size = 8  # 8 games of one secret
 prompts_per_step = 32
 max_iters = 200
-micro_batch_size = 32  # 40-token games: memory (peak RSS), not compute
-sample_batch_size = 64
+micro_batch_size = 32  # 40-token games: memory (peak RSS), not compute; the sampler: one call
 eval_interval = 25

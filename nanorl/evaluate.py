@@ -216,12 +216,12 @@ def evaluate(model, task, split, max_new_tokens, n_samples=0, temperature=1.0, k
     """Greedy accuracy (a score of 1) on a split of task, with an environment its episodes'
     turns; with n_samples > 0 also pass@1 and pass@k (n_samples per problem at `temperature`;
     pass@n_samples when fewer than k) and, given ref, those samples' KL to it (sample_kl).
-    batch_size rows per sampler call at most. Returns (metrics, a few examples)."""
+    batch_size rows per sampler call at most (0: all in one). Returns (metrics, a few examples)."""
     tok, problems = task.tok, getattr(task, split)
     n, prompts = len(problems), encode_prompts(tok, [p for p, _ in problems], task.reverse)
 
     def sample(G, temp):  # -> ([(score, completion)] problem-major, [(episodes, generate's)])
-        scored, outs, per_call = [], [], max(1, batch_size // G)  # prompts per sampler call
+        scored, outs, per_call = [], [], max(1, batch_size // G) if batch_size else n  # prompts
         for i in range(0, n, per_call):
             episodes = task.episodes(problems[i:i + per_call], G)
             out = generate(model, prompts[i:i + per_call], max_new_tokens, tok.eos_id, tok.pad_id,

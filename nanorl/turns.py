@@ -115,7 +115,7 @@ def branch(cfg, run, problems, wanted, acts, gen):
     for key, (_, n) in wanted.items():
         calls.setdefault((len(full[key]), n), []).append(key)
     for (_, n), keys in calls.items():
-        per_call = max(1, cfg.sample_batch_size // n)
+        per_call = max(1, cfg.sample_batch_size // n) if cfg.sample_batch_size else len(keys)
         for part in [keys[i:i + per_call] for i in range(0, len(keys), per_call)]:
             episodes = task.episodes([problems[g] for g, _ in part], n)
             for j, (g, prefix) in enumerate(part if episodes else []):  # replayed to the prefix

@@ -1,5 +1,6 @@
 """rl.py end to end on a tiny SFT checkpoint: every loss runs, logs the documented keys, and none of
 the failure modes of well-known trainers (docs/reliability.md) is present."""
+import dataclasses
 import copy
 import json
 import os
@@ -472,7 +473,8 @@ def test_checkpoint_settings_have_one_source_of_truth(sft_ckpt, tmp_path):
 
 def test_sampler_calls_hold_at_most_sample_batch_size_rows(sft_ckpt, monkeypatch):
     """--sample_batch_size chunks the sampler (rollouts, evals, eval KL) apart from the training
-    micro-batches: no generate call holds more rows, and the rollout still has every row."""
+    micro-batches: no generate call holds more rows, and the rollout still has every row; 0 (the
+    default) samples a round's rows in one call, and a split's in one."""
     from model import seeded
     from nanorl import evaluate
     sizes, generate = [], rl.generate
@@ -487,6 +489,11 @@ def test_sampler_calls_hold_at_most_sample_batch_size_rows(sft_ckpt, monkeypatch
     task.val, task.test = task.test[:6], task.test[:10]
     evaluate.evaluate_policy(model, model, task, cfg, seeded("cpu", 1))
     assert sizes and max(sizes) <= 8
+    sizes.clear()
+    cfg = dataclasses.replace(cfg, sample_batch_size=0)
+    rl.rollout(cfg, L.ALGOS["grpo"], make_run(cfg, model, task), list(range(5)), seeded("cpu", 0), 4, 1.0)
+    evaluate.evaluate_policy(model, model, task, cfg, seeded("cpu", 1))
+    assert sizes == [20, 10, 20, 6]  # the rollout; test greedy, sampled x 2; val greedy
 
 
 def test_cov_tokens_are_chosen_over_the_minibatch_from_the_current_policy(monkeypatch):
