@@ -71,6 +71,7 @@ TP, BP, TM = "nanorl/templates.py", "nanorl/bpe.py", "tests/test_templates.py::t
 STOPS = (TM + "a_stop_across_four_tokens_ends_the_turn_at_its_last",
          TM + "a_stop_that_ends_inside_a_longer_token_keeps_the_whole_token")
 X = "tests/test_explore.py::test_"
+M = "tests/test_model.py::test_"
 EXPLORE_REFUSED = (X + "exploration_flags_a_run_would_ignore_are_refused",)
 REWRITES = (TM + "templates_that_rewrite_earlier_turns_or_pad_the_stop_are_refused",)
 SPLIT_STOP = (TM + "every_tokenization_of_a_one_token_stop_ends_the_turn_alike",)
@@ -535,6 +536,24 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "response_forward: row key without the padding offset", MODEL),
     (MD, "unique_consecutive(uniq[:, :1 + P]", "unique_consecutive(uniq[:, 1:1 + P]",
      "response_forward: prompt key without the padding offset", MODEL),
+    # issue 65: the exact GELU, the heads only where read, one sampler call
+    (MD, "approximate=self.gelu)", 'approximate="tanh")', "MLP: tanh GELU whatever the config",
+     (M + "a_fresh_model_uses_the_exact_gelu_and_older_checkpoints_keep_tanh",)),
+    ("nanorl/checkpoint.py", '{"gelu": "tanh", **ckpt["model_args"]}', 'ckpt["model_args"]',
+     "checkpoints: an older one (no gelu) loads with erf",
+     (M + "a_fresh_model_uses_the_exact_gelu_and_older_checkpoints_keep_tanh",)),
+    (MD, '"gelu_pytorch_tanh": "tanh", "gelu": "erf"}', '"gelu_pytorch_tanh": "tanh", "gelu": "tanh"}',
+     "from_pretrained: HF's exact gelu loads as tanh", ("tests/test_hf.py",)),
+    (MD, "keep = need[:, 1:] > 0", "keep = need[:, :-1] > 0", "response_forward: the heads one "
+     "position off", (M + "the_heads_run_only_where_read",)),
+    (MD, "index_add_(0, inv, used.float())", "index_add_(0, inv, used[:, :1].float().expand_as(used))",
+     "response_forward: the heads where the first token is read", (M + "the_heads_run_only_where_read",)),
+    (MD, "last = torch.arange(P, device=device) == P - 1", "last = torch.arange(P, device=device) == 0",
+     "generate: the prefill's head at the first position", MODEL),
+    (RL, "if cfg.sample_batch_size else len(idx)", "if cfg.sample_batch_size else G",
+     "rollout: 0 samples G rows a call", (R + "sampler_calls_hold_at_most_sample_batch_size_rows",)),
+    (EV, "if batch_size else n", "if batch_size else 1", "evaluate: 0 samples a prompt a call",
+     (R + "sampler_calls_hold_at_most_sample_batch_size_rows",)),
     # tool use: the sampler's forced tokens, the calculator, action masks
     (MD, "logps.append(torch.where(act,", "logps.append(torch.where(~done,",
      "generate: a forced token gets the policy's log-prob, not 0", FORCED),

@@ -6,9 +6,12 @@ then the rows of ENVIRONMENTS on tiny checkpoints of the game (process rewards) 
     python bench/same_weights.py --base=HEAD~3        # every row, and the environments' rows
     python bench/same_weights.py --base=main grpo ppo  # these rows
     python bench/same_weights.py --base=main grpo@mul3_tool  # a row on an environment's task
+    python bench/same_weights.py --base=014c1d6 --new_sft=--gelu=tanh --new_rl=--sample_batch_size=256
+                                           # this tree with new defaults set back, flags its own
 
-The ref is checked out into a temporary folder (git worktree); each run is a fresh process with the
-same seeds, one thread, and a verifier (and a calculator's score) that rewards answers starting
+The ref is checked out into a temporary folder (git worktree); each tree trains its own tiny SFT
+checkpoints (--new_sft: more sft.py flags for this tree's, --new_rl: rl.py's), then runs each row
+from them; each run is a fresh process with the same seeds, one thread, and a verifier (and a calculator's score) that rewards answers starting
 with "1" (the tiny model is never right: without it every group is flat and nothing moves).
 Prints a line per row, "same" or "DIFFERENT" (the largest weight difference), and exits 1 if any
 differs. Bit-identical holds on one machine and one torch; across machines compare nothing.
@@ -44,6 +47,14 @@ RL = ["--max_iters=2", "--eval_interval=100", "--eval_samples=0", "--prompts_per
       "--pairs_per_step=8", "--threads=1", "--ckpt_interval=100"]
 
 
+def sft(tree, task, sft_flags, out, extra):
+    """Tree's sft.py on task (its flags; extra: this tree's own) -> the checkpoint's path."""
+    subprocess.run([sys.executable, "sft.py", *sft_flags[:1], f"--out_dir={out}", *SFT,
+                    *sft_flags[1:], *extra], cwd=tree, check=True, capture_output=True,
+                   env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    return os.path.join(out, "ckpt.pt")
+
+
 def weights(tree, ckpt, name, out, extra=()):
     """Row `name` run by the tree at `tree` for two steps -> its final state dict."""
     teacher = [f"--teacher_ckpt={ckpt}"] if name in ("opd", "gkd") else []
@@ -69,7 +80,8 @@ def compare(name, a, b, start):
 
 
 def main(argv):
-    base = next((a.split("=", 1)[1] for a in argv if a.startswith("--base=")), "HEAD")
+    opt = dict(a[2:].split("=", 1) for a in argv if a.startswith("--"))
+    base, new_sft, new_rl = opt.get("base", "HEAD"), opt.get("new_sft", ""), opt.get("new_rl", "")
     sys.path.insert(0, ROOT)
     import losses
     names = [a for a in argv if not a.startswith("--")]
@@ -82,18 +94,19 @@ def main(argv):
         subprocess.run(["git", "worktree", "add", "--detach", old, base], cwd=ROOT, check=True,
                        capture_output=True)
         try:
-            ckpts = {}
+            ckpts = {}  # task -> (this tree's checkpoint, the base's)
             for task, sft_flags in [("", [])] + [(t, f) for t, (f, _, _) in ENVIRONMENTS.items()]:
-                ckpts[task] = os.path.join(tmp, "sft" + task.replace(":", "-"), "ckpt.pt")
+                where = "sft" + task.replace(":", "-")
                 if any(t == task for _, t, _ in runs):
-                    subprocess.run([sys.executable, "sft.py", *sft_flags[:1],
-                                    f"--out_dir={os.path.dirname(ckpts[task])}", *SFT, *sft_flags[1:]],
-                                   cwd=ROOT, check=True, capture_output=True)
+                    ckpts[task] = (sft(ROOT, task, sft_flags, os.path.join(tmp, "new", where),
+                                       new_sft.split()),
+                                   sft(old, task, sft_flags, os.path.join(tmp, "old", where), []))
             differ = []
             for name, task, flags in runs:
-                label, ckpt = f"{name}@{task}" if task else name, ckpts[task]
-                a, why_a = weights(ROOT, ckpt, name, os.path.join(tmp, "new", label), flags)
-                b, why_b = weights(old, ckpt, name, os.path.join(tmp, "old", label), flags)
+                label, (ckpt, old_ckpt) = f"{name}@{task}" if task else name, ckpts[task]
+                a, why_a = weights(ROOT, ckpt, name, os.path.join(tmp, "new", label),
+                                   flags + new_rl.split())
+                b, why_b = weights(old, old_ckpt, name, os.path.join(tmp, "old", label), flags)
                 if a is None or b is None:
                     print(f"{label:24} FAILED: {why_a or why_b}", flush=True)
                     differ.append(label)
