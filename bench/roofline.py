@@ -36,7 +36,7 @@ of B rows x T tokens at cache position S (L = S + T keys), C = n_embd, V = vocab
   linear layers  n_layer * 2*B*T*12*C^2   2*M*K*N a matmul, M = B*T: c_attn 3C^2, attn c_proj
                                           C^2, c_fc 4C^2, mlp c_proj 4C^2
   attention      n_layer * 2*2*B*nh*T*L*hd  q @ k^T and att @ v (= 4*B*T*L*C), the whole T x L
-  lm_head        2*B*T*C*V                logits at every position, as forward computes them
+  lm_head        2*K*C*V                  logits at the K positions forward keeps (B*T: all)
   backward       2 x the forwards it differentiates (dX and dW of each matmul)
   optimizer      16 a parameter: grad norm 2, clip 1, AdamW 13 (m 3, v 4, sqrt, bias
                  correction and eps 3, the update 3)
@@ -112,12 +112,13 @@ OPT_FLOPS = 16  # a parameter: grad norm 2, clip 1, AdamW 13
 OPT_BYTES = 28  # a parameter, fp32: AdamW reads the weight, its gradient, m, v; writes three
 
 
-def forward_flops(c, B, T, S):
-    """Matmul FLOPs of GPT.forward on (B, T) tokens at cache position S (the docstring's)."""
+def forward_flops(c, B, T, S, K=None):
+    """Matmul FLOPs of GPT.forward on (B, T) tokens at cache position S (the docstring's), its
+    LM head at K positions (keep's; None: all B*T)."""
     M, L = B * T, S + T
     linear = c.n_layer * 2 * M * 12 * c.n_embd ** 2
     attention = c.n_layer * 4 * M * L * c.n_embd  # 2*2*B*nh*T*L*hd
-    return linear + attention + 2 * M * c.n_embd * c.vocab_size
+    return linear + attention + 2 * (M if K is None else K) * c.n_embd * c.vocab_size
 
 
 class Stages:
@@ -150,15 +151,15 @@ def patches(stages, run):
     old_logprobs = offpolicy.logprobs
     backward, optimizer_step = torch.Tensor.backward, rl.optimizer_step
 
-    def timed_forward(gpt, idx, offsets=None, cache=None, return_scalar=False):
+    def timed_forward(gpt, idx, offsets=None, cache=None, return_scalar=False, keep=None):
         (B, T), S = idx.shape, (cache.pos if cache is not None else 0)
-        flops = forward_flops(gpt.config, B, T, S)
+        flops = forward_flops(gpt.config, B, T, S, None if keep is None else int(keep.sum()))
         name = stages.current or "prefill"  # no stage open: generate's prompt forward
         stages.flops[name] += flops
         stages.sizes[name].append((B * T, flops))
         stages.pending += flops if torch.is_grad_enabled() else 0
         with nullcontext() if stages.current else stages.timed(name):
-            return forward(gpt, idx, offsets, cache, return_scalar)
+            return forward(gpt, idx, offsets, cache, return_scalar, keep)
 
     def timed_logprobs(gpt, *args, **kw):
         name = "reference forward" if gpt is run.ref else \

@@ -31,6 +31,10 @@ def test_forward_flops_match_the_counter_on_the_models_forwards():
             with FlopCounterMode(display=False) as counter:
                 model(ids[:, start:end], None, cache)
             assert counter.get_total_flops() == roofline.forward_flops(c, 3, end - start, start)
+        keep = torch.rand(3, 9, generator=torch.Generator().manual_seed(1)) < 0.4  # the heads' positions
+        with FlopCounterMode(display=False) as counter:
+            model(ids, None, None, keep=keep)
+        assert counter.get_total_flops() == roofline.forward_flops(c, 3, 9, 0, int(keep.sum()))
 
 
 def test_typical_m_is_the_flop_weighted_median():
