@@ -17,6 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+LAST = (slice(None), -1)  # GPT.forward's keep= for the heads at the last position only: [:, -1]
 # Hugging Face GPT-2 stores these as Conv1D weights, (in, out): nn.Linear wants (out, in)
 HF_TRANSPOSED = ("c_attn.weight", "c_proj.weight", "c_fc.weight")  # attn's and mlp's c_proj
 
@@ -106,10 +107,10 @@ class MLP(nn.Module):
         self.c_fc = nn.Linear(cfg.n_embd, 4 * cfg.n_embd, bias=cfg.bias)
         self.c_proj = nn.Linear(4 * cfg.n_embd, cfg.n_embd, bias=cfg.bias)
         self.dropout = nn.Dropout(cfg.dropout)
-        self.gelu = "tanh" if cfg.gelu == "tanh" else "none"  # F.gelu's name for erf: "none"
+        self.approximate = {"erf": "none", "tanh": "tanh"}[cfg.gelu]  # F.gelu's names
 
     def forward(self, x):
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.gelu)))
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x), approximate=self.approximate)))
 
 
 class Block(nn.Module):
@@ -128,8 +129,6 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        if cfg.gelu not in ("erf", "tanh"):
-            raise ValueError(f"gelu must be 'erf' or 'tanh', got {cfg.gelu!r}")
         self.config = cfg
         self.transformer = nn.ModuleDict(dict(
             wte=nn.Embedding(cfg.vocab_size, cfg.n_embd),
@@ -159,8 +158,8 @@ class GPT(nn.Module):
 
     def forward(self, idx, offsets=None, cache=None, return_scalar=False, keep=None):
         """idx (B, T) -> logits (B, T, V) [, scalar head (B, T)]; offsets (B,): left-pad
-        counts (None: none); cache: a KVCache to extend; keep (B, T) bool: the heads run only
-        at these positions -> (K, V) [, (K,)], K = keep.sum(), in row order."""
+        counts (None: none); cache: a KVCache to extend; keep: the heads run only at these
+        positions, a (B, T) bool -> (K, V) [, (K,)] (K = keep.sum(), in row order), or LAST."""
         B, T = idx.shape
         start = cache.pos if cache is not None else 0
         if start + T > self.config.block_size:
@@ -181,15 +180,15 @@ class GPT(nn.Module):
             x = block(x, mask, cache, i)
         if cache is not None:
             cache.pos += T
-        late = keep is not None and self.config.full_head  # every position, then keep's
-        x = self.transformer.ln_f(x if keep is None or late else x[keep])  # (B, T, C) or (K, C)
-        out = [self.lm_head(x)]  # (B, T, V) or (K, V)
+        # full_head: the heads at every position, then keep's (the older rounding)
+        x = self.transformer.ln_f(x if keep is None or self.config.full_head else x[keep])
+        logits = self.lm_head(x)  # (B, T, V) or (K, V)
         if return_scalar:
             if self.score_head is None:
                 raise ValueError("this model has no scalar head (GPTConfig.scalar_head=False)")
-            out.append(self.score_head(x).squeeze(-1))  # (B, T) or (K,)
-        out = [t[keep] for t in out] if late else out
-        return tuple(out) if return_scalar else out[0]
+            out = logits, self.score_head(x).squeeze(-1)  # (B, T) or (K,)
+            return tuple(t[keep] for t in out) if keep is not None and self.config.full_head else out
+        return logits[keep] if keep is not None and self.config.full_head else logits
 
     @classmethod
     def from_pretrained(cls, name_or_path, block_size=None, dropout=0.0):
@@ -319,8 +318,7 @@ def generate(model, prompts, max_new_tokens, eos_id, pad_id, G=1, temperature=1.
     seq = torch.tensor([[pad_id] * (P - len(p)) + p for p in prompts], device=device)  # (B, P)
     offsets = torch.tensor([P - len(p) for p in prompts], device=device)  # (B,)
     cache = KVCache() if use_cache else None
-    last = torch.arange(P, device=device) == P - 1  # the head at the last position only
-    logits = model(seq, offsets, cache, keep=last.expand(B, P))  # (B, V) a prefill, G rows
+    logits = model(seq, offsets, cache, keep=LAST)  # (B, V) one prefill per prompt for G rows
     node, node_off = torch.arange(B, device=device).repeat_interleave(G), offsets  # row -> prefix
     seq, offsets = seq.repeat_interleave(G, dim=0), offsets.repeat_interleave(G, dim=0)
     done = torch.zeros(B * G, dtype=torch.bool, device=device)  # (N,) ended: EOS, budget
@@ -400,35 +398,31 @@ def logprobs(model, ids, offsets, mask, temperature=1.0, scalar=False, logits=Fa
                           mask[i:i + max_rows], temperature, scalar, logits)
                  for i in range(0, N, max_rows)]
         return tuple(None if p[0] is None else torch.cat(p) for p in zip(*parts))
-    out = response_forward(model, ids, offsets, P, return_scalar=scalar, used=mask)
+    out = response_forward(model, ids, offsets, P, mask, return_scalar=scalar)
     z, head = out if scalar else (out, None)
     logp = token_logps(z, ids[:, P:], mask, temperature)  # (N, L)
     return logp, head, (z / temperature if logits else None)
 
 
-def response_forward(model, ids, offsets, P, return_scalar=False, used=None):
+def response_forward(model, ids, offsets, P, used, return_scalar=False):
     """model(ids, offsets)[:, P-1:-1]: the logits (N, L, V) scoring each response token of ids
     (N, P+L) [and the scalar head (N, L)]. Each distinct row runs once (a peaked policy repeats
     itself), each prompt once, its keys and values expanded to its rows (KVCache.expand); outputs
     are indexed back to all rows, so gradients add. used (N, L): the heads run only where some
-    row reads them (0 elsewhere; None: everywhere)."""
+    row reads them (0 elsewhere)."""
     rows = torch.cat([offsets[:, None], ids], 1)  # (N, 1+P+L): a row's padding and tokens
     uniq, inv = torch.unique(rows, dim=0, return_inverse=True)  # sorted: a prompt's rows adjacent
     counts = torch.unique_consecutive(uniq[:, :1 + P], dim=0, return_counts=True)[1]  # (n,)
     off, uniq = uniq[:, 0], uniq[:, 1:]  # (U,), (U, P+L)
-    U, L = uniq.size(0), ids.size(1) - P
-    need = torch.ones(U, L, device=ids.device) if used is None else \
-        torch.zeros(U, L, device=ids.device).index_add_(0, inv, used.float())  # (U, L) > 0: run
     cache, starts = KVCache(), counts.cumsum(0) - counts
-    last = (torch.arange(P, device=ids.device) == P - 1).expand(len(starts), P)
-    heads = model(uniq[starts, :P], off[starts], cache, return_scalar, keep=last)  # (n, V) [, (n,)]
+    heads = model(uniq[starts, :P], off[starts], cache, return_scalar, keep=LAST)  # (n, V) [, (n,)]
     heads = heads if return_scalar else (heads,)
     parts = [[t.repeat_interleave(counts, dim=0)[:, None]] for t in heads]  # position P-1
-    if L > 1:
+    if ids.size(1) > P + 1:
         cache.expand(counts)
-        keep = need[:, 1:] > 0  # (U, L-1)
+        keep = uniq.new_zeros(uniq[:, P + 1:].shape).index_add_(0, inv, used[:, 1:].to(uniq)) > 0
         rest = model(uniq[:, P:-1], off, cache, return_scalar, keep=keep)  # (K, V) [, (K,)]
         for part, t in zip(parts, rest if return_scalar else (rest,)):
-            part.append(t.new_zeros(U, L - 1, *t.shape[1:]).index_put((keep,), t))
+            part.append(t.new_zeros(*keep.shape, *t.shape[1:]).index_put((keep,), t))
     out = tuple(torch.cat(part, dim=1)[inv] for part in parts)
     return out if return_scalar else out[0]

@@ -615,9 +615,8 @@ def setup(cfg, algo, hp, dev, rank, world):
     task.train = (pref.data(cfg, algo, task) if algo.family != "pg" else task.train)[rank::world]
     select = cfg.prompt_selection and not algo.flat_teaches and not offline
     rm = RewardModel.load(cfg.rm_ckpt, task.tok, dev) if cfg.reward == "rm" else None
-    teacher = distill.load(cfg.teacher_ckpt, task.tok, dev) if "teacher" in algo.needs else None
-    for m in filter(None, (model, teacher)):  # the reference's too: a copy
-        m.config.full_head = cfg.full_head
+    teacher = distill.load(cfg, task.tok, dev) if "teacher" in algo.needs else None
+    model.config.full_head = cfg.full_head  # the reference's too: a copy
     prompts = [] if offline else rows.encode_prompts(task.tok, [p for p, _ in task.train],
                                                     task.reverse)
     return cfg, Run(model=model, compiled=torch.compile(model) if cfg.compile else model,

@@ -51,8 +51,8 @@ with torch.no_grad():
                        temperature=1.0, generator=gen)
         R = torch.tensor([r for r, _ in score_samples(task, out, [p for p in chunk for _ in range(G)])])  # (N,)
         P = out["prompt_len"]
-        logits = response_forward(model, out["ids"], out["offsets"], P, return_scalar=True)[0]  # (N, L, V)
         m = out["response_mask"][:, P:].bool()  # (N, L)
+        logits = response_forward(model, out["ids"], out["offsets"], P, m, return_scalar=True)[0]  # (N, L, V)
         path.append(prefix_prob(token_logps(logits, out["ids"][:, P:], m))[m].double())  # pi(y_<t | x)
         batches.append((out["ids"], out["offsets"], P, m, R.float()))
         X.append(feats["x"][:, P - 1:-1][m])  # (tokens, C) the state before each response token
@@ -100,14 +100,14 @@ def critic_ev(part):
     with torch.no_grad():
         for ids, offsets, P, m, R in part:
             ys.append(R[:, None].expand_as(m)[m])
-            ps.append(response_forward(critic, ids, offsets, P, return_scalar=True)[1][m])
+            ps.append(response_forward(critic, ids, offsets, P, m, return_scalar=True)[1][m])
     y = torch.cat(ys)
     return explained_variance(torch.cat(ps), y, torch.ones_like(y)).item()
 
 
 for it in range(1, 301):
     ids, offsets, P, m, R = fit_b[torch.randint(len(fit_b), (1,), generator=gen).item()]
-    v = response_forward(critic, ids, offsets, P, return_scalar=True)[1]  # (N, L)
+    v = response_forward(critic, ids, offsets, P, m, return_scalar=True)[1]  # (N, L)
     loss = ((v - R[:, None]) ** 2)[m].mean()
     opt.zero_grad()
     loss.backward()

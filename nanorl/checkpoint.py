@@ -53,7 +53,7 @@ def model_from_checkpoint(ckpt, path="checkpoint", scalar_head=None):
         cfg = GPTConfig(**{"gelu": "tanh", **ckpt["model_args"]})  # older ones: tanh, unsaid
         d = ckpt["tokenizer"]
         tok = bpe.from_dict(d) if d.get("kind") == "bpe" else tokenizers.from_dict(d)
-    except (TypeError, tokenizers.TokenizerError) as e:
+    except (TypeError, KeyError, tokenizers.TokenizerError) as e:
         raise CheckpointError(f"{path}: incompatible checkpoint ({e})") from None
     if tok.vocab_size != cfg.vocab_size:
         raise CheckpointError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model "

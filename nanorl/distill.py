@@ -27,12 +27,15 @@ def check(cfg, algo):
                         "with the policy's tokenizer)")
 
 
-def load(path, tok, dev):
-    """A frozen nanorl checkpoint to distil, which must share the policy's tokenizer."""
+def load(cfg, tok, dev):
+    """rl.py's --teacher_ckpt: a frozen nanorl checkpoint to distil, which must share the policy's
+    tokenizer; its heads at every position as the policy's with --full_head."""
+    path = cfg.teacher_ckpt
     teacher, ttok = model_from_checkpoint(load_checkpoint(path, hint="train one with sft.py"), path)
     if ttok.to_dict() != tok.to_dict():
         raise UserError(f"{path}: the teacher's tokenizer differs from the policy's; distillation "
                         "compares their next-token distributions token by token")
+    teacher.config.full_head = cfg.full_head
     return teacher.to(dev).eval().requires_grad_(False)
 
 

@@ -94,7 +94,7 @@ def test_response_forward_equals_plain_forward():
     assert len(torch.unique(ids, dim=0)) < len(ids)  # duplicates to share
     weights = torch.randn(ids.size(0), ids.size(1) - P, 16, device=DEV)
     logits, grads = [], []
-    for forward in (lambda: response_forward(model, ids, offsets, P),
+    for forward in (lambda: response_forward(model, ids, offsets, P, torch.ones_like(ids[:, P:])),
                     lambda: model(ids, offsets)[:, P - 1:-1]):
         model.zero_grad()
         logits.append(forward())

@@ -202,8 +202,8 @@ def env_noise(monkeypatch, responses, scale):
     env = {tuple(r): (torch.tensor(m) == 0).float() for r, m in responses}  # 1: the env's
     real, fired = M.response_forward, []
 
-    def noisy(model, ids, offsets, P, return_scalar=False, used=None):
-        out = real(model, ids, offsets, P, return_scalar, used)
+    def noisy(model, ids, offsets, P, used, return_scalar=False):
+        out = real(model, ids, offsets, P, used, return_scalar)
         z, head = out if return_scalar else (out, None)
         e = torch.zeros(z.shape[:2])  # (N, L)
         for r, row in enumerate(ids[:, P:].tolist()):
