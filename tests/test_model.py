@@ -300,3 +300,9 @@ def test_the_heads_run_only_where_read(scalar):
         assert (a - b).abs().max() <= 1e-6 and (a != 0).any()
     for a, b in zip(res[True][1], res[False][1]):
         assert (a - b).abs().max() <= 1e-5 * a.abs().max()
+    with torch.no_grad():  # and both equal the plain forward of every row, its heads everywhere
+        plain = forward(out["ids"], out["offsets"], return_scalar=scalar)
+        plain = tuple(t[:, P - 1:-1] for t in (plain if scalar else (plain,)))
+    assert (token_logps(plain[0], out["ids"][:, P:], mask, 0.7) - res[False][0][0]).abs().max() <= 1e-6
+    if scalar:
+        assert (torch.where(mask.bool(), plain[1], 0.0) - res[False][0][1]).abs().max() <= 1e-6
