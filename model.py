@@ -41,7 +41,7 @@ class GPTConfig:
     dropout: float = 0.0
     bias: bool = True
     scalar_head: bool = False  # value head (PPO) / reward head (reward model)
-    gelu: str = "erf"  # nanoGPT's exact nn.GELU(); "tanh": GPT-2's approximation (its weights)
+    gelu: str = "tanh"  # GPT-2's approximation; "erf": nanoGPT's exact nn.GELU() (sft.py --gelu)
     full_head: bool = False  # the heads at every position, then `keep`'s: older runs' rounding
 
 

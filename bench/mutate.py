@@ -538,10 +538,9 @@ MUTANTS = [  # (file, old, new, what it breaks, the tests that should catch it)
      "response_forward: prompt key without the padding offset", MODEL),
     # issue 65: the exact GELU, the heads only where read, one sampler call
     (MD, "approximate=self.approximate)", 'approximate="tanh")', "MLP: tanh GELU whatever the config",
-     (M + "a_fresh_model_uses_the_exact_gelu_and_older_checkpoints_keep_tanh",)),
-    ("nanorl/checkpoint.py", '{"gelu": "tanh", **ckpt["model_args"]}', 'ckpt["model_args"]',
-     "checkpoints: an older one (no gelu) loads with erf",
-     (M + "a_fresh_model_uses_the_exact_gelu_and_older_checkpoints_keep_tanh",)),
+     (M + "the_gelu_is_tanh_unless_asked_and_older_checkpoints_keep_it",)),
+    (MD, 'gelu: str = "tanh"', 'gelu: str = "erf"', "GPTConfig: erf by default, older checkpoints too",
+     (M + "the_gelu_is_tanh_unless_asked_and_older_checkpoints_keep_it",)),
     (MD, '"gelu_pytorch_tanh": "tanh", "gelu": "erf"}', '"gelu_pytorch_tanh": "tanh", "gelu": "tanh"}',
      "from_pretrained: HF's exact gelu loads as tanh", ("tests/test_hf.py",)),
     (MD, "index_add_(0, inv, used[:, 1:].to(uniq))", "index_add_(0, inv, used[:, :-1].to(uniq))",

@@ -50,7 +50,7 @@ def model_from_checkpoint(ckpt, path="checkpoint", scalar_head=None):
     """(model, tokenizer) from a loaded checkpoint; scalar_head=True adds a fresh scalar head if
     it has none (a reward model or value head started from the SFT policy)."""
     try:
-        cfg = GPTConfig(**{"gelu": "tanh", **ckpt["model_args"]})  # older ones: tanh, unsaid
+        cfg = GPTConfig(**ckpt["model_args"])  # one written before gelu was saved: tanh
         d = ckpt["tokenizer"]
         tok = bpe.from_dict(d) if d.get("kind") == "bpe" else tokenizers.from_dict(d)
     except (TypeError, KeyError, tokenizers.TokenizerError) as e:

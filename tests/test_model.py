@@ -254,13 +254,14 @@ def test_equal_prompt_tokens_under_other_padding_are_other_prompts():
     assert torch.allclose(response_forward(model, ids, off, 3, torch.ones(3, 3)), full, atol=1e-6)
 
 
-def test_a_fresh_model_uses_the_exact_gelu_and_older_checkpoints_keep_tanh(tmp_path):
-    """GPTConfig's default is nanoGPT's nn.GELU() (erf); a checkpoint written before model_args
-    named its GELU was trained with GPT-2's tanh and loads with it, its logits those of tanh."""
-    model, x = tiny(), torch.randn(3, 5, 32)
-    mlp = model.transformer.h[0].mlp
-    assert torch.equal(mlp(x), mlp.c_proj(torch.nn.GELU()(mlp.c_fc(x))))
-    assert not torch.allclose(mlp(x), mlp.c_proj(torch.nn.GELU("tanh")(mlp.c_fc(x))), atol=1e-7)
+def test_the_gelu_is_tanh_unless_asked_and_older_checkpoints_keep_it(tmp_path):
+    """GPTConfig's GELU is GPT-2's tanh, gelu="erf" nanoGPT's exact nn.GELU(); a checkpoint written
+    before model_args named its GELU was trained with tanh and loads with it, its logits tanh's."""
+    x = torch.randn(3, 5, 32)
+    for gelu, exact in ((None, torch.nn.GELU("tanh")), ("erf", torch.nn.GELU())):
+        mlp = (tiny() if gelu is None else tiny(gelu=gelu)).transformer.h[0].mlp
+        assert torch.equal(mlp(x), mlp.c_proj(exact(mlp.c_fc(x))))
+    assert not torch.allclose(torch.nn.GELU()(x), torch.nn.GELU("tanh")(x), atol=1e-7)
     old = tiny(gelu="tanh")
     tok = CharTokenizer("0123456789+*=-")  # 16 ids with PAD and EOS
     save_checkpoint(str(tmp_path / "old.pt"), old, tokenizer=tok)
