@@ -186,8 +186,9 @@ class GPT(nn.Module):
         if return_scalar:
             if self.score_head is None:
                 raise ValueError("this model has no scalar head (GPTConfig.scalar_head=False)")
-            out = logits, self.score_head(x).squeeze(-1)  # (B, T) or (K,)
-            return tuple(t[keep] for t in out) if keep is not None and self.config.full_head else out
+            score = self.score_head(x).squeeze(-1)  # (B, T) or (K,)
+            late = keep is not None and self.config.full_head  # every position, then keep's
+            return (logits[keep], score[keep]) if late else (logits, score)
         return logits[keep] if keep is not None and self.config.full_head else logits
 
     @classmethod
