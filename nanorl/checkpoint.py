@@ -51,6 +51,7 @@ def model_from_checkpoint(ckpt, path="checkpoint", scalar_head=None):
     it has none (a reward model or value head started from the SFT policy)."""
     try:
         cfg = GPTConfig(**ckpt["model_args"])  # one written before gelu was saved: tanh
+        model = GPT(replace(cfg, scalar_head=cfg.scalar_head or bool(scalar_head)))  # a bad gelu
         d = ckpt["tokenizer"]
         tok = bpe.from_dict(d) if d.get("kind") == "bpe" else tokenizers.from_dict(d)
     except (TypeError, KeyError, tokenizers.TokenizerError) as e:
@@ -58,7 +59,6 @@ def model_from_checkpoint(ckpt, path="checkpoint", scalar_head=None):
     if tok.vocab_size != cfg.vocab_size:
         raise CheckpointError(f"{path}: tokenizer has {tok.vocab_size} tokens but the model "
                               f"{cfg.vocab_size}")
-    model = GPT(replace(cfg, scalar_head=cfg.scalar_head or bool(scalar_head)))
     state = dict(ckpt["model"])
     if scalar_head and not cfg.scalar_head:  # keep the fresh head
         state.update({f"score_head.{k}": v for k, v in model.score_head.state_dict().items()})

@@ -204,6 +204,10 @@ def test_bad_checkpoints_fail_clearly(tmp_path):
     ck["tokenizer"] = {"kind": "char", "chars": "0123"}
     with pytest.raises(CheckpointError, match="tokenizer has 6 tokens but the model 16"):
         model_from_checkpoint(ck)
+    ck = load_checkpoint(str(good))  # a GELU model.py does not know
+    ck["model_args"]["gelu"] = "relu"
+    with pytest.raises(CheckpointError, match="good.pt: incompatible checkpoint.*relu"):
+        model_from_checkpoint(ck, str(good))
 
 
 @pytest.mark.parametrize("scalar", [False, True])
