@@ -42,7 +42,6 @@ class GPTConfig:
     bias: bool = True
     scalar_head: bool = False  # value head (PPO) / reward head (reward model)
     gelu: str = "tanh"  # GPT-2's approximation; "erf": nanoGPT's exact nn.GELU() (sft.py --gelu)
-    full_head: bool = False  # the heads at every position, then `keep`'s: older runs' rounding
 
 
 class KVCache:
@@ -127,6 +126,8 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
+    full_head = False  # rl.py --full_head: the heads at every position, then keep's (not saved)
+
     def __init__(self, cfg):
         super().__init__()
         self.config = cfg
@@ -181,15 +182,15 @@ class GPT(nn.Module):
         if cache is not None:
             cache.pos += T
         # full_head: the heads at every position, then keep's (the older rounding)
-        x = self.transformer.ln_f(x if keep is None or self.config.full_head else x[keep])
+        x = self.transformer.ln_f(x if keep is None or self.full_head else x[keep])
         logits = self.lm_head(x)  # (B, T, V) or (K, V)
         if return_scalar:
             if self.score_head is None:
                 raise ValueError("this model has no scalar head (GPTConfig.scalar_head=False)")
             score = self.score_head(x).squeeze(-1)  # (B, T) or (K,)
-            late = keep is not None and self.config.full_head  # every position, then keep's
+            late = keep is not None and self.full_head  # every position, then keep's
             return (logits[keep], score[keep]) if late else (logits, score)
-        return logits[keep] if keep is not None and self.config.full_head else logits
+        return logits[keep] if keep is not None and self.full_head else logits
 
     @classmethod
     def from_pretrained(cls, name_or_path, block_size=None, dropout=0.0):

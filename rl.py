@@ -616,7 +616,7 @@ def setup(cfg, algo, hp, dev, rank, world):
     select = cfg.prompt_selection and not algo.flat_teaches and not offline
     rm = RewardModel.load(cfg.rm_ckpt, task.tok, dev) if cfg.reward == "rm" else None
     teacher = distill.load(cfg, task.tok, dev) if "teacher" in algo.needs else None
-    model.config.full_head = cfg.full_head  # the reference's too: a copy
+    model.full_head = cfg.full_head  # the reference's too: a copy
     prompts = [] if offline else rows.encode_prompts(task.tok, [p for p, _ in task.train],
                                                     task.reverse)
     return cfg, Run(model=model, compiled=torch.compile(model) if cfg.compile else model,

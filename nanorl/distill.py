@@ -35,7 +35,7 @@ def load(cfg, tok, dev):
     if ttok.to_dict() != tok.to_dict():
         raise UserError(f"{path}: the teacher's tokenizer differs from the policy's; distillation "
                         "compares their next-token distributions token by token")
-    teacher.config.full_head = cfg.full_head
+    teacher.full_head = cfg.full_head
     return teacher.to(dev).eval().requires_grad_(False)
 
 

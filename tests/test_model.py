@@ -293,7 +293,7 @@ def test_the_heads_run_only_where_read(scalar):
     model.forward = lambda *a, **k: seen.append(k.get("keep", a[4] if len(a) > 4 else None)) or forward(*a, **k)
     res = {}
     for full in (True, False):
-        model.config.full_head, seen[:] = full, []
+        model.full_head, seen[:] = full, []
         model.zero_grad(set_to_none=True)
         lp, head, logits = logprobs(model, out["ids"], out["offsets"], mask, 0.7, scalar, logits=True)
         (lp.sum() + (head.sum() if scalar else 0)).backward()
