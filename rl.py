@@ -68,11 +68,11 @@ class Config(rm.Flags, pref.Flags, distill.Flags, offpolicy.Flags, rollout_log.F
     ppo_epochs: int = 1
     minibatches: int = 1  # optimizer steps per epoch
     micro_batch_size: int = 256  # rows per forward/backward: memory
-    sample_batch_size: int = 0  # rows per sampler call (memory); 0: all of a round's, one call
+    sample_batch_size: int = 0  # rows per sampler call (memory); 0: a round's, in one
     eval_samples: int = 8  # samples per test problem: pass@1, pass@8, KL to the reference
     bf16: Optional[bool] = None  # autocast rollouts and updates; None = on CUDA
     compile: bool = False  # torch.compile the training forward
-    full_head: bool = False  # the LM head at every position, not only where read: older rounding
+    full_head: bool = False  # heads at every position, not only where read: older rounding
 
 
 class PromptSampler:
@@ -196,7 +196,8 @@ def rollout(cfg, algo, run, idx, gen, G, temperature):
     sample_batch_size rows -> a Rollout."""
     task, tok, parts = run.task, run.task.tok, []
     problems, prompts = [task.train[i] for i in idx], [run.prompt_ids[i] for i in idx]
-    n = max(1, cfg.sample_batch_size // G) if cfg.sample_batch_size else len(idx)  # a call's
+    # prompts per sampler call
+    n = max(1, cfg.sample_batch_size // G) if cfg.sample_batch_size else len(idx)
     for i in range(0, len(problems), n):
         episodes = task.env_module and task.episodes(problems[i:i + n], G)
         out = generate(run.model, prompts[i:i + n], cfg.max_new_tokens, tok.eos_id, tok.pad_id,
@@ -571,9 +572,9 @@ def check(cfg):
     algo = losses.ALGOS[cfg.loss]
     window = algo.overlong if cfg.overlong_window is None else cfg.overlong_window
     cfg = replace(cfg, out_dir=cfg.out_dir or f"out/rl-{cfg.loss}", overlong_window=window)
-    check_bounds(cfg, "temperature > 0", "group_size >= 2",
-                 "max_refills eval_samples sample_batch_size >= 0", "prompts_per_step "
-                 "pairs_per_step ppo_epochs minibatches micro_batch_size max_new_tokens >= 1")
+    check_bounds(cfg, "temperature > 0", "group_size >= 2", "max_refills eval_samples "
+                 "sample_batch_size >= 0", "prompts_per_step pairs_per_step ppo_epochs "
+                 "minibatches micro_batch_size max_new_tokens >= 1")
     if cfg.overlong_window and (algo.binary or algo.family != "pg" or "teacher" in algo.needs):
         why = "needs binary rewards" if algo.binary else "does not learn from rewards"
         raise UserError(f"{cfg.loss} {why}: DAPO's overlong shaping must be off "

@@ -41,8 +41,8 @@ class Config(TrainConfig):
     n_embd: int = 128
     block_size: int = 32
     dropout: float = 0.0
-    gelu: str = "tanh"  # a fresh model's GELU, or "erf": a step 10% faster on CPU, but the demo's
-    # seed 1 then gains +9.0 (bench/README.md); GPT-2 weights keep their own
+    gelu: str = "tanh"  # a fresh model's GELU, or "erf": nanoGPT's exact one, faster on CPU,
+    # not the default for what it does to the demo (bench/README.md); GPT-2 weights keep theirs
     init_from: str = "scratch"  # or GPT-2 weights: "gpt2", "gpt2-medium", ... or a local folder
     micro_batch_size: int = 0  # rows per forward/backward, gradients accumulated; 0 = batch_size
     bf16: Optional[bool] = None  # bf16 autocast (fp32 weights and loss); None: if native
