@@ -75,16 +75,14 @@ def measure(b, name):
     run_args, sft_args = roofline.RUNS[which]
     seen = []
     with tempfile.TemporaryDirectory() as tmp:
-        real = roofline.RUNS[which]
-        roofline.RUNS[which] = (run_args + flags, sft_args)
         options = roofline.Config(gpt2_prompts_per_step=8, gpt2_group_size=4)
-        with mock.patch.object(roofline, "SAME_WORK", ["--bf16=false"]):
+        with mock.patch.object(roofline, "SAME_WORK", ["--bf16=false"]), \
+                mock.patch.dict(roofline.RUNS, {which: (run_args + flags, sft_args)}):
             try:
                 cfg, algo, run, origin = roofline.build_run(options, which, tmp)
             except TokenizerError:
                 with mock.patch.object(bpe, "load", roofline.standin_gpt2):
                     cfg, algo, run, origin = roofline.build_run(options, which, tmp)
-        roofline.RUNS[which] = real
         logprobs = rl.logprobs
 
         def recorded(model, ids, offsets, mask, *a, **kw):

@@ -6,13 +6,14 @@ then the rows of ENVIRONMENTS on tiny checkpoints of the game (process rewards) 
     python bench/same_weights.py --base=HEAD~3        # every row, and the environments' rows
     python bench/same_weights.py --base=main grpo ppo  # these rows
     python bench/same_weights.py --base=main grpo@mul3_tool  # a row on an environment's task
-    python bench/same_weights.py --base=014c1d6 --new_sft=--gelu=tanh --new_rl=--sample_batch_size=256
-                                           # this tree with new defaults set back, flags its own
+    python bench/same_weights.py --base=014c1d6 "--new_rl=--sample_batch_size=256 --full_head=true"
+                                           # this tree with its new defaults set back
 
 The ref is checked out into a temporary folder (git worktree); each tree trains its own tiny SFT
 checkpoints (--new_sft: more sft.py flags for this tree's, --new_rl: rl.py's), then runs each row
-from them; each run is a fresh process with the same seeds, one thread, and a verifier (and a calculator's score) that rewards answers starting
-with "1" (the tiny model is never right: without it every group is flat and nothing moves).
+from them; each run is a fresh process with the same seeds, one thread, and a verifier (and a
+calculator's score) that rewards answers starting with "1" (the tiny model is never right:
+without it every group is flat and nothing moves).
 Prints a line per row, "same" or "DIFFERENT" (the largest weight difference), and exits 1 if any
 differs. Bit-identical holds on one machine and one torch; across machines compare nothing.
 """

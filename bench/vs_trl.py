@@ -62,7 +62,8 @@ def hf_twin(model, path):
     c = model.config
     hf = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         vocab_size=c.vocab_size, n_positions=c.block_size, n_embd=c.n_embd, n_layer=c.n_layer, n_head=c.n_head,
-        activation_function="gelu" if c.gelu == "erf" else "gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=1, pad_token_id=0))
+        activation_function="gelu" if c.gelu == "erf" else "gelu_new",  # the checkpoint's GELU
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=1, eos_token_id=1, pad_token_id=0))
     state = {k: (v.t() if k.endswith(HF_TRANSPOSED) else v) for k, v in model.state_dict().items()}
     missing, unexpected = hf.load_state_dict(state, strict=False)
     assert not unexpected and all(k == "lm_head.weight" for k in missing), (missing, unexpected)  # lm_head is tied
